@@ -1,0 +1,57 @@
+// Errors torchcap reports to its users.
+//
+// Two tiers (see STYLE.md): a user mistake throws one of these, with a message
+// that names the operation, the node or input involved, and what to do; a broken
+// internal invariant is an internal assert (TORCH_INTERNAL_ASSERT) instead.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace torchcap {
+
+// Base of every error torchcap throws on purpose.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A graph broke one of the invariants `Graph::lint` checks.
+class LintError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A program could not be traced (unsupported input, mutated input, ...).
+class TraceError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A value of the wrong kind where another was required (e.g. a traced function
+// that returns a string).
+class TypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Inputs given to a graph do not match what it was captured with.
+class InputError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A graph failed while running; the message names the node.
+class RuntimeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file could not be read or written; the message names the problem and the
+// byte offset where it was found.
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace torchcap

@@ -1,0 +1,112 @@
+// Metadata recorded on nodes: what value a node produced when it was traced
+// ("val" in torch.fx) and where in the user's program it came from.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+
+namespace torchcap {
+
+// Dtype, shape, strides and device of a tensor, without its data.
+struct TensorMeta {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  c10::Device device = c10::Device(c10::kCPU);
+
+  static TensorMeta of(const at::Tensor& t);
+
+  int64_t numel() const;
+  bool is_contiguous() const;
+  // "f32[2, 10]"; strides are not shown.
+  std::string str() const;
+
+  friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
+    return a.dtype == b.dtype && a.sizes == b.sizes && a.strides == b.strides &&
+           a.device == b.device;
+  }
+  friend bool operator!=(const TensorMeta& a, const TensorMeta& b) { return !(a == b); }
+};
+
+// Short dtype names as torch.fx and Inductor print them: f32, i64, b8, ...
+const char* dtype_short_name(c10::ScalarType t);
+// The dtype for a short name, or nullopt.
+std::optional<c10::ScalarType> dtype_from_short_name(const std::string& name);
+
+// The shape of the value a node produces.
+enum class ValueKind : uint8_t {
+  Unknown,  // not recorded (hand-built nodes)
+  Tensor,   // one tensor: tensors[0]
+  Tuple,    // several outputs (topk, max.dim): tensors[i] is output i
+  List,     // a Tensor[] (split, unbind): tensors[i] is element i
+  None,     // nothing (ops that return ())
+};
+
+struct ValueMeta {
+  ValueKind kind = ValueKind::Unknown;
+  std::vector<TensorMeta> tensors;
+
+  static ValueMeta tensor(TensorMeta m) { return {ValueKind::Tensor, {std::move(m)}}; }
+
+  bool known() const { return kind != ValueKind::Unknown; }
+  // "f32[2, 3]", "(f32[2, 3], i64[2, 3])", "[f32[2], f32[2]]", "None", "" when unknown.
+  std::string str() const;
+
+  friend bool operator==(const ValueMeta& a, const ValueMeta& b) {
+    return a.kind == b.kind && a.tensors == b.tensors;
+  }
+  friend bool operator!=(const ValueMeta& a, const ValueMeta& b) { return !(a == b); }
+};
+
+// One frame of a user's program: where a node was created.
+struct SourceFrame {
+  std::string file;      // source file, as recorded in the debug info
+  int line = 0;          // 0 when unknown
+  std::string function;  // demangled, may be empty
+
+  friend bool operator==(const SourceFrame& a, const SourceFrame& b) {
+    return a.file == b.file && a.line == b.line && a.function == b.function;
+  }
+};
+
+// Where a node was created. Capture is cheap (return addresses only); the
+// frames are symbolized on the first call to `frames()` and cached. A stack
+// trace may also hold frames that were never raw addresses (loaded from a
+// file, or carried over from another graph). Copies share the same state.
+class StackTrace {
+ public:
+  StackTrace() = default;
+
+  // Captures the calling thread's stack, skipping `skip` innermost frames.
+  static StackTrace capture(int skip = 0);
+  // A stack trace made of already symbolized frames.
+  static StackTrace from_frames(std::vector<SourceFrame> frames);
+
+  bool empty() const;
+  // The user's frames, innermost first: frames inside torchcap, LibTorch, the
+  // C++ standard library and the C runtime are left out.
+  const std::vector<SourceFrame>& frames() const;
+  // Python-traceback style, innermost last, one `File "f", line N, in fn` per frame.
+  std::string str() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+struct NodeMeta {
+  ValueMeta val;
+  StackTrace stack_trace;
+};
+
+}  // namespace torchcap

@@ -1,0 +1,114 @@
+// A node of a torchcap graph (torch.fx's `Node`).
+//
+// Ownership: a Node belongs to exactly one Graph, which creates it, keeps it in
+// order and destroys it. Users hold `Node*` that stay valid until the node is
+// erased or the graph is destroyed.
+//
+// Edges: a node's inputs are derived from its arguments and kept consistent
+// with every input's `users()` by one write path (`set_args`/`set_kwargs`);
+// every edit goes through it, so edges never drift (STYLE.md 2).
+#pragma once
+
+#include <torchcap/argument.h>
+#include <torchcap/meta.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchcap {
+
+class Graph;
+
+enum class OpCode : uint8_t { Placeholder, GetAttr, CallFunction, Output };
+
+// "placeholder", "get_attr", "call_function", "output".
+const char* opcode_name(OpCode op);
+
+// The one call_function target that is not an operator: take output `i` of a
+// node that produces several values (FX's `operator.getitem`).
+inline constexpr const char* kGetItem = "getitem";
+
+class Node {
+ public:
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  Graph* owning_graph() const { return graph_; }
+  OpCode op() const { return op_; }
+  // Unique in the graph, a valid Python identifier.
+  const std::string& name() const { return name_; }
+
+  // placeholder: its name; get_attr: the attribute path ("layer1.0.conv1.weight");
+  // call_function: the qualified operator name with overload ("aten::add.Tensor",
+  // "aten::addmm") or kGetItem; output: "output".
+  const std::string& target() const { return target_; }
+  bool is_getitem() const { return op_ == OpCode::CallFunction && !handle_; }
+  // A call_function of an operator (not getitem).
+  bool is_operator() const { return handle_.has_value(); }
+  // The operator, resolved once when the node was created. Only for is_operator().
+  const c10::OperatorHandle& op_handle() const;
+  const c10::FunctionSchema& schema() const;
+
+  const ArgumentList& args() const { return args_; }
+  const Kwargs& kwargs() const { return kwargs_; }
+  // The value of keyword argument `name`, or nullptr.
+  const Argument* kwarg(const std::string& name) const;
+
+  // The one write path for edges: replaces the arguments and updates inputs and
+  // every affected node's users.
+  void set_args(ArgumentList args);
+  void set_kwargs(Kwargs kwargs);
+  void set_arg(size_t i, Argument a);
+  // Replaces every reference to `old_input` in this node's arguments.
+  void replace_input_with(Node* old_input, Node* new_input);
+  // Makes every user of this node use `replacement` instead; returns the users
+  // that changed. `replacement` must not be this node.
+  std::vector<Node*> replace_all_uses_with(Node* replacement);
+
+  // Distinct nodes referenced by the arguments, in order of first appearance.
+  const std::vector<Node*>& inputs() const { return inputs_; }
+  // Distinct nodes that reference this node, in the order they started to.
+  const std::vector<Node*>& users() const { return users_; }
+
+  NodeMeta& meta() { return meta_; }
+  const NodeMeta& meta() const { return meta_; }
+
+  // Neighbours in graph order; nullptr at either end.
+  Node* prev() const;
+  Node* next() const;
+
+  // Whether running this node has an effect besides its result: the output,
+  // placeholders, and operators whose schema writes an argument or returns nothing.
+  bool has_side_effects() const;
+
+ private:
+  friend struct GraphTestPeer;  // tests corrupt graphs to exercise lint
+  friend class Graph;
+  Node(Graph* graph, OpCode op, std::string name, std::string target,
+       std::optional<c10::OperatorHandle> handle);
+  std::vector<Node*> collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const;
+  void commit_inputs(std::vector<Node*> fresh);
+  void remove_user(Node* user);
+
+  Graph* graph_;
+  OpCode op_;
+  std::string name_;
+  std::string target_;
+  std::optional<c10::OperatorHandle> handle_;
+  // Kept beside the handle: if the operator is deregistered, the handle dangles
+  // but lint can still look the name up and report it.
+  c10::OperatorName op_name_{"", ""};
+  ArgumentList args_;
+  Kwargs kwargs_;
+  std::vector<Node*> inputs_;
+  std::vector<Node*> users_;
+  NodeMeta meta_;
+  // Intrusive list, owned by the graph; the graph's sentinel closes the ring.
+  Node* prev_ = nullptr;
+  Node* next_ = nullptr;
+};
+
+}  // namespace torchcap

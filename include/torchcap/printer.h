@@ -1,0 +1,37 @@
+// Printing graphs: the torch.fx-style listing and Python source.
+//
+// Both are deterministic: the same graph always prints the same text, so tests
+// compare them with golden files.
+#pragma once
+
+#include <torchcap/graph.h>
+
+#include <string>
+
+namespace torchcap {
+
+class GraphModule;
+
+// One line in torch.fx's style:
+//   %addmm : f32[2, 10] [users=1] = aten::addmm(%bias, %x, %t)
+std::string format_node(const Node& n);
+// "%name" for nodes, Python literals for constants, "[...]" for lists.
+std::string format_argument(const Argument& a);
+
+// The whole graph: "graph():" then one indented line per node.
+std::string format_graph(const Graph& g);
+
+// Python source of a module-level function
+//   def forward(self, ph_0, ph_1): ...
+// calling `torch.ops.aten.<op>.<overload>` and `operator.getitem`, reading
+// attributes as `self.<path>`, unpacking nested inputs and building nested
+// outputs by the GraphModule's specs. Values are released after their last
+// use, as torch.fx does. The text starts with the imports it needs; executing
+// it defines `forward`, which `torch.fx.symbolic_trace` turns into a
+// GraphModule once it is bound to a module holding the attributes.
+std::string python_code(const GraphModule& gm);
+
+// A double as Python's repr() prints it: 1.0, 0.1, 1e-05, inf, nan.
+std::string python_float_repr(double v);
+
+}  // namespace torchcap

@@ -1,0 +1,297 @@
+#include <torchcap/error.h>
+#include <torchcap/graph.h>
+#include <torchcap/printer.h>
+
+#include <c10/util/Exception.h>
+
+#include <cctype>
+#include <unordered_set>
+
+namespace torchcap {
+namespace {
+
+// Names a node cannot take, because the generated Python code would break:
+// keywords, builtins, and the names the code itself uses.
+const std::unordered_set<std::string>& reserved_names() {
+  static const std::unordered_set<std::string> names = {
+      // keywords
+      "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
+      "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
+      "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise",
+      "return", "try", "while", "with", "yield",
+      // builtins
+      "abs", "all", "any", "ascii", "bin", "bool", "breakpoint", "bytearray", "bytes",
+      "callable", "chr", "classmethod", "compile", "complex", "delattr", "dict", "dir",
+      "divmod", "enumerate", "eval", "exec", "exit", "filter", "float", "format",
+      "frozenset", "getattr", "globals", "hasattr", "hash", "help", "hex", "id", "input",
+      "int", "isinstance", "issubclass", "iter", "len", "list", "locals", "map", "max",
+      "memoryview", "min", "next", "object", "oct", "open", "ord", "pow", "print",
+      "property", "quit", "range", "repr", "reversed", "round", "set", "setattr", "slice",
+      "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
+      // used by generated code
+      "self", "torch", "operator", "device", "inf", "nan", "math",
+  };
+  return names;
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+std::string sanitize(const std::string& hint) {
+  std::string s;
+  s.reserve(hint.size() + 1);
+  for (char c : hint) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) s.insert(s.begin(), '_');
+  return s;
+}
+
+// "aten::add.Tensor" -> {"aten::add", "Tensor"}; "aten::addmm" -> {"aten::addmm", ""}.
+c10::OperatorName parse_operator_name(const std::string& qualified) {
+  size_t ns = qualified.find("::");
+  if (ns == std::string::npos || ns == 0 || ns + 2 >= qualified.size()) {
+    throw Error("'" + qualified +
+                "' is not a qualified operator name; expected namespace::name[.overload], "
+                "e.g. aten::add.Tensor");
+  }
+  size_t dot = qualified.find('.', ns + 2);
+  if (dot == std::string::npos) return {qualified, ""};
+  return {qualified.substr(0, dot), qualified.substr(dot + 1)};
+}
+
+// "aten::add" -> "add": the readable stem a node calling the operator is named by.
+std::string operator_stem(const c10::OperatorName& name) {
+  size_t ns = name.name.find("::");
+  return ns == std::string::npos ? name.name : name.name.substr(ns + 2);
+}
+
+std::string qualified_name(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+}  // namespace
+
+bool is_valid_node_name(const std::string& s) {
+  return is_identifier(s) && reserved_names().count(s) == 0;
+}
+
+Graph::Graph() : root_(new Node(this, OpCode::Output, "", "", std::nullopt)) {
+  root_->prev_ = root_;
+  root_->next_ = root_;
+}
+
+Graph::~Graph() {
+  // A loop, not recursion: any number of nodes is safe to destroy.
+  Node* n = root_->next_;
+  while (n != root_) {
+    Node* next = n->next_;
+    delete n;
+    n = next;
+  }
+  delete root_;
+}
+
+Node* Graph::first() const { return root_->next_ == root_ ? nullptr : root_->next_; }
+Node* Graph::last() const { return root_->prev_ == root_ ? nullptr : root_->prev_; }
+
+Node* Graph::output_node() const {
+  Node* l = last();
+  return (l != nullptr && l->op() == OpCode::Output) ? l : nullptr;
+}
+
+std::vector<Node*> Graph::placeholders() const {
+  std::vector<Node*> out;
+  for (Node* n : *this) {
+    if (n->op() == OpCode::Placeholder) out.push_back(n);
+  }
+  return out;
+}
+
+std::vector<Node*> Graph::nodes() const {
+  std::vector<Node*> out;
+  out.reserve(size_);
+  for (Node* n : *this) out.push_back(n);
+  return out;
+}
+
+Node* Graph::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+void Graph::set_insert_point(InsertPoint p) {
+  if (p.anchor != nullptr && p.anchor->graph_ != this) {
+    throw Error("insertion point: %" + p.anchor->name() + " belongs to a different graph");
+  }
+  insert_point_ = p;
+}
+
+std::string Graph::unique_name(const std::string& hint) {
+  std::string candidate = sanitize(hint);
+  if (is_valid_node_name(candidate) && by_name_.count(candidate) == 0) return candidate;
+  // Strip a numeric suffix so that "add_1" taken again continues as "add_2".
+  std::string base = candidate;
+  size_t us = base.find_last_of('_');
+  if (us != std::string::npos && us + 1 < base.size() && us > 0 &&
+      base.find_first_not_of("0123456789", us + 1) == std::string::npos) {
+    base = base.substr(0, us);
+  }
+  int64_t& counter = name_counters_[base];
+  for (;;) {
+    std::string name = base + "_" + std::to_string(++counter);
+    if (is_valid_node_name(name) && by_name_.count(name) == 0) return name;
+  }
+}
+
+void Graph::link(Node* n) {
+  Node* before;  // n goes just before this node
+  if (insert_point_.anchor == nullptr) {
+    Node* out = output_node();
+    before = (out != nullptr && n->op() != OpCode::Output) ? out : root_;
+  } else if (insert_point_.before) {
+    before = insert_point_.anchor;
+  } else {
+    before = insert_point_.anchor->next_;
+    // Successive insertions after an anchor keep their creation order.
+    insert_point_.anchor = n;
+  }
+  n->prev_ = before->prev_;
+  n->next_ = before;
+  before->prev_->next_ = n;
+  before->prev_ = n;
+  ++size_;
+}
+
+void Graph::unlink(Node* n) {
+  n->prev_->next_ = n->next_;
+  n->next_->prev_ = n->prev_;
+  n->prev_ = n->next_ = nullptr;
+  --size_;
+}
+
+Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
+                    std::optional<c10::OperatorHandle> handle, ArgumentList args,
+                    Kwargs kwargs) {
+  std::string hint = next_name_.empty() ? name_hint : std::move(next_name_);
+  next_name_.clear();
+  std::string name = unique_name(hint);
+  auto* n = new Node(this, op, name, std::move(target), std::move(handle));
+  try {
+    std::vector<Node*> inputs = n->collect_inputs(args, kwargs);
+    n->args_ = std::move(args);
+    n->kwargs_ = std::move(kwargs);
+    n->commit_inputs(std::move(inputs));
+  } catch (...) {
+    delete n;
+    throw;
+  }
+  by_name_.emplace(name, n);
+  link(n);
+  return n;
+}
+
+Node* Graph::placeholder(const std::string& name) {
+  return create(OpCode::Placeholder, name, name, std::nullopt, {}, {});
+}
+
+Node* Graph::get_attr(const std::string& path) {
+  if (path.empty()) throw Error("get_attr: the attribute path is empty");
+  return create(OpCode::GetAttr, path, path, std::nullopt, {}, {});
+}
+
+Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwargs) {
+  c10::OperatorName name = parse_operator_name(op);
+  auto handle = c10::Dispatcher::singleton().findSchema(name);
+  if (!handle) throw Error("call_function: no operator " + op + " is registered");
+  return call_function(*handle, std::move(args), std::move(kwargs));
+}
+
+Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs) {
+  const c10::OperatorName& name = op.operator_name();
+  return create(OpCode::CallFunction, operator_stem(name), qualified_name(name), op,
+                std::move(args), std::move(kwargs));
+}
+
+Node* Graph::getitem(Node* value, int64_t index) {
+  return create(OpCode::CallFunction, kGetItem, kGetItem, std::nullopt, {value, index}, {});
+}
+
+Node* Graph::output(ArgumentList results) {
+  if (output_node() != nullptr) throw Error("output: the graph already has an output node");
+  InsertPointGuard at_end(*this, InsertPoint::at_end());
+  return create(OpCode::Output, "output", "output", std::nullopt, {Argument(std::move(results))},
+                {});
+}
+
+Node* Graph::copy_node(const Node& n, const std::function<Node*(Node*)>& map_arg) {
+  ArgumentList args;
+  args.reserve(n.args().size());
+  for (const Argument& a : n.args()) args.push_back(a.map_nodes(map_arg));
+  Kwargs kwargs;
+  kwargs.reserve(n.kwargs().size());
+  for (const auto& kv : n.kwargs()) kwargs.emplace_back(kv.first, kv.second.map_nodes(map_arg));
+  if (n.op() == OpCode::Output && output_node() != nullptr) {
+    throw Error("copy_node: the graph already has an output node");
+  }
+  Node* copy = create(n.op(), n.name(), n.target(), n.handle_, std::move(args), std::move(kwargs));
+  copy->meta_ = n.meta_;
+  return copy;
+}
+
+std::unique_ptr<Graph> Graph::copy(std::unordered_map<const Node*, Node*>* map) const {
+  auto g = std::make_unique<Graph>();
+  std::unordered_map<const Node*, Node*> local;
+  std::unordered_map<const Node*, Node*>& m = map != nullptr ? *map : local;
+  auto lookup = [&](Node* old) -> Node* {
+    auto it = m.find(old);
+    if (it == m.end()) {
+      throw Error("copy: %" + old->name() + " is used before it is defined; lint the graph");
+    }
+    return it->second;
+  };
+  for (const Node* n : *this) m[n] = g->copy_node(*n, lookup);
+  return g;
+}
+
+void Graph::erase(Node* n) {
+  if (n == nullptr || n->graph_ != this) throw Error("erase: the node does not belong to this graph");
+  if (!n->users_.empty()) {
+    std::string names;
+    for (Node* u : n->users_) names += (names.empty() ? "%" : ", %") + u->name();
+    throw Error("erase: cannot erase %" + n->name() + " because it still has " +
+                std::to_string(n->users_.size()) + " user(s): " + names +
+                "; replace its uses first (replace_all_uses_with)");
+  }
+  if (insert_point_.anchor == n) {
+    Node* next = n->next();
+    insert_point_ = next != nullptr && insert_point_.before ? InsertPoint::before_node(next)
+                    : insert_point_.before                  ? InsertPoint::at_end()
+                    : n->prev() != nullptr                  ? InsertPoint::after_node(n->prev())
+                                                            : InsertPoint::at_end();
+  }
+  n->commit_inputs({});
+  by_name_.erase(n->name_);
+  unlink(n);
+  delete n;
+}
+
+void Graph::move_before(Node* n, Node* anchor) {
+  if (n == nullptr || anchor == nullptr || n->graph_ != this || anchor->graph_ != this) {
+    throw Error("move_before: both nodes must belong to this graph");
+  }
+  if (n == anchor) return;
+  unlink(n);
+  n->prev_ = anchor->prev_;
+  n->next_ = anchor;
+  anchor->prev_->next_ = n;
+  anchor->prev_ = n;
+  ++size_;
+}
+
+std::string Graph::str() const { return format_graph(*this); }
+
+}  // namespace torchcap

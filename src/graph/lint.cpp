@@ -1,0 +1,136 @@
+// Graph::lint: every invariant the rest of torchcap relies on, each with its
+// own message.
+#include <torchcap/error.h>
+#include <torchcap/graph.h>
+
+#include "graph/schema_check.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace torchcap {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw LintError("lint: " + what); }
+
+std::string ref(const Node* n) { return "%" + n->name(); }
+
+}  // namespace
+
+void Graph::lint() const {
+  std::unordered_map<const Node*, size_t> position;
+  std::unordered_set<std::string> names;
+  position.reserve(size_);
+  size_t count = 0;
+  bool seen_non_placeholder = false;
+  const Node* output = nullptr;
+
+  for (const Node* n = root_->next_; n != root_; n = n->next_) {
+    if (n->graph_ != this) fail("node " + ref(n) + " is owned by a different graph");
+    if (n->next_->prev_ != n) fail("the node list is broken after " + ref(n));
+    if (output != nullptr) fail("node " + ref(n) + " comes after the output node " + ref(output));
+    if (!is_valid_node_name(n->name())) {
+      fail("node name '" + n->name() + "' is not a valid, unreserved Python identifier");
+    }
+    if (!names.insert(n->name()).second) fail("two nodes are named '" + n->name() + "'");
+    auto named = by_name_.find(n->name());
+    if (named == by_name_.end() || named->second != n) {
+      fail("node " + ref(n) + " is missing from the graph's name table");
+    }
+
+    // Edges: inputs are exactly the nodes the arguments reference, each defined
+    // earlier in this graph, and each lists this node as a user.
+    std::vector<Node*> referenced;
+    auto collect = [&](Node* in) {
+      if (std::find(referenced.begin(), referenced.end(), in) == referenced.end()) {
+        referenced.push_back(in);
+      }
+    };
+    for (const Argument& a : n->args_) a.for_each_node(collect);
+    for (const auto& kv : n->kwargs_) kv.second.for_each_node(collect);
+    if (referenced != n->inputs_) fail("the inputs of " + ref(n) + " do not match its arguments");
+    for (const Node* in : n->inputs_) {
+      if (in->graph_ != this) {
+        fail("argument " + ref(in) + " of " + ref(n) + " belongs to a different graph");
+      }
+      if (position.count(in) == 0) {
+        fail(in == n ? "node " + ref(n) + " uses itself"
+                     : "node " + ref(n) + " uses " + ref(in) +
+                           " before it is defined (graph is not in topological order)");
+      }
+      if (std::count(in->users_.begin(), in->users_.end(), n) != 1) {
+        fail("node " + ref(n) + " uses " + ref(in) + " but is not listed once among its users");
+      }
+    }
+
+    switch (n->op()) {
+      case OpCode::Placeholder:
+        if (seen_non_placeholder) {
+          fail("placeholder " + ref(n) + " comes after non-placeholder nodes");
+        }
+        if (!n->args_.empty() || !n->kwargs_.empty()) {
+          fail("placeholder " + ref(n) + " has arguments");
+        }
+        break;
+      case OpCode::GetAttr:
+        seen_non_placeholder = true;
+        if (n->target().empty()) fail("get_attr " + ref(n) + " has an empty attribute path");
+        if (!n->args_.empty() || !n->kwargs_.empty()) fail("get_attr " + ref(n) + " has arguments");
+        break;
+      case OpCode::CallFunction: {
+        seen_non_placeholder = true;
+        if (n->is_getitem()) {
+          if (n->target() != kGetItem) {
+            fail("call_function " + ref(n) + " has target '" + n->target() +
+                 "', which is neither an operator nor getitem");
+          }
+          std::string problem = detail::check_getitem(*n);
+          if (!problem.empty()) fail("node " + ref(n) + ": " + problem);
+          break;
+        }
+        // The handle was resolved when the node was made; the operator may have
+        // been deregistered since (a custom op library unloaded), so look again.
+        auto handle = c10::Dispatcher::singleton().findSchema(n->op_name_);
+        if (!handle) {
+          fail("node " + ref(n) + " calls " + n->target() + ", which is not a registered operator");
+        }
+        std::string problem = detail::check_schema_arguments(*n, handle->schema());
+        if (!problem.empty()) fail("node " + ref(n) + ": " + problem);
+        break;
+      }
+      case OpCode::Output:
+        seen_non_placeholder = true;
+        output = n;
+        if (n->args_.size() != 1 || !n->args_[0].is_list() || !n->kwargs_.empty()) {
+          fail("output " + ref(n) + " must have one argument: the list of results");
+        }
+        for (const Argument& a : n->args_[0].to_list()) {
+          if (!a.is_none() && !(a.is_node() && detail::produces(*a.to_node()) ==
+                                                   detail::Produces::Tensor)) {
+            fail("output " + ref(n) + " returns " + a.kind_name() +
+                 (a.is_node() ? " " + ref(a.to_node()) : std::string()) +
+                 "; results must be Tensor nodes or none");
+          }
+        }
+        break;
+    }
+    position.emplace(n, count++);
+  }
+  // Users last: a node listing a user that does not use it. (Each use was
+  // checked above, so a missing user is already reported there.)
+  for (const Node* n = root_->next_; n != root_; n = n->next_) {
+    for (const Node* u : n->users_) {
+      if (u->graph_ != this) fail("node " + ref(n) + " has a user in a different graph");
+      if (std::find(u->inputs_.begin(), u->inputs_.end(), n) == u->inputs_.end()) {
+        fail("node " + ref(n) + " lists " + ref(u) + " as a user, but " + ref(u) +
+             " does not use it");
+      }
+    }
+  }
+  if (count != size_) fail("the graph counts " + std::to_string(size_) + " nodes but holds " +
+                           std::to_string(count));
+  if (output == nullptr) fail("the graph has no output node");
+}
+
+}  // namespace torchcap

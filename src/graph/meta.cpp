@@ -1,0 +1,101 @@
+#include <torchcap/meta.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <sstream>
+
+namespace torchcap {
+namespace {
+
+struct DtypeName {
+  c10::ScalarType type;
+  const char* name;
+};
+
+constexpr DtypeName kDtypeNames[] = {
+    {c10::ScalarType::Float, "f32"},         {c10::ScalarType::Double, "f64"},
+    {c10::ScalarType::Half, "f16"},          {c10::ScalarType::BFloat16, "bf16"},
+    {c10::ScalarType::Long, "i64"},          {c10::ScalarType::Int, "i32"},
+    {c10::ScalarType::Short, "i16"},         {c10::ScalarType::Char, "i8"},
+    {c10::ScalarType::Byte, "u8"},           {c10::ScalarType::Bool, "b8"},
+    {c10::ScalarType::ComplexHalf, "c32"},   {c10::ScalarType::ComplexFloat, "c64"},
+    {c10::ScalarType::ComplexDouble, "c128"}, {c10::ScalarType::QInt8, "qi8"},
+    {c10::ScalarType::QUInt8, "qu8"},        {c10::ScalarType::QInt32, "qi32"},
+};
+
+void append_sizes(std::ostringstream& os, const std::vector<int64_t>& v) {
+  os << '[';
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << ']';
+}
+
+}  // namespace
+
+const char* dtype_short_name(c10::ScalarType t) {
+  for (const auto& d : kDtypeNames) {
+    if (d.type == t) return d.name;
+  }
+  return c10::toString(t);
+}
+
+std::optional<c10::ScalarType> dtype_from_short_name(const std::string& name) {
+  for (const auto& d : kDtypeNames) {
+    if (name == d.name) return d.type;
+  }
+  return std::nullopt;
+}
+
+TensorMeta TensorMeta::of(const at::Tensor& t) {
+  TensorMeta m;
+  m.dtype = t.scalar_type();
+  m.sizes = t.sizes().vec();
+  m.strides = t.strides().vec();
+  m.device = t.device();
+  return m;
+}
+
+int64_t TensorMeta::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+bool TensorMeta::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= sizes[i];
+  }
+  return true;
+}
+
+std::string TensorMeta::str() const {
+  std::ostringstream os;
+  os << dtype_short_name(dtype);
+  append_sizes(os, sizes);
+  if (device.type() != c10::kCPU) os << '@' << device.str();
+  return os.str();
+}
+
+std::string ValueMeta::str() const {
+  switch (kind) {
+    case ValueKind::Unknown:
+      return "";
+    case ValueKind::None:
+      return "None";
+    case ValueKind::Tensor:
+      return tensors.empty() ? "" : tensors[0].str();
+    case ValueKind::Tuple:
+    case ValueKind::List: {
+      std::string s(1, kind == ValueKind::Tuple ? '(' : '[');
+      for (size_t i = 0; i < tensors.size(); ++i) s += (i ? ", " : "") + tensors[i].str();
+      if (kind == ValueKind::Tuple && tensors.size() == 1) s += ',';
+      s += kind == ValueKind::Tuple ? ')' : ']';
+      return s;
+    }
+  }
+  return "";
+}
+
+}  // namespace torchcap

@@ -1,0 +1,150 @@
+#include <torchcap/error.h>
+#include <torchcap/graph.h>
+#include <torchcap/printer.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace torchcap {
+
+const char* opcode_name(OpCode op) {
+  switch (op) {
+    case OpCode::Placeholder:
+      return "placeholder";
+    case OpCode::GetAttr:
+      return "get_attr";
+    case OpCode::CallFunction:
+      return "call_function";
+    case OpCode::Output:
+      return "output";
+  }
+  return "?";
+}
+
+Node::Node(Graph* graph, OpCode op, std::string name, std::string target,
+           std::optional<c10::OperatorHandle> handle)
+    : graph_(graph),
+      op_(op),
+      name_(std::move(name)),
+      target_(std::move(target)),
+      handle_(std::move(handle)) {
+  if (handle_) op_name_ = handle_->operator_name();
+}
+
+const c10::OperatorHandle& Node::op_handle() const {
+  if (!handle_) {
+    throw Error("node %" + name_ + " (" + opcode_name(op_) + " " + target_ +
+                ") does not call an operator");
+  }
+  return *handle_;
+}
+
+const c10::FunctionSchema& Node::schema() const { return op_handle().schema(); }
+
+const Argument* Node::kwarg(const std::string& name) const {
+  for (const auto& kv : kwargs_) {
+    if (kv.first == name) return &kv.second;
+  }
+  return nullptr;
+}
+
+void Node::set_args(ArgumentList args) {
+  std::vector<Node*> inputs = collect_inputs(args, kwargs_);
+  args_ = std::move(args);
+  commit_inputs(std::move(inputs));
+}
+
+void Node::set_kwargs(Kwargs kwargs) {
+  std::vector<Node*> inputs = collect_inputs(args_, kwargs);
+  kwargs_ = std::move(kwargs);
+  commit_inputs(std::move(inputs));
+}
+
+void Node::set_arg(size_t i, Argument a) {
+  if (i >= args_.size()) {
+    throw Error("set_arg: node %" + name_ + " has " + std::to_string(args_.size()) +
+                " arguments, no argument " + std::to_string(i));
+  }
+  ArgumentList args = args_;
+  args[i] = std::move(a);
+  set_args(std::move(args));
+}
+
+void Node::replace_input_with(Node* old_input, Node* new_input) {
+  auto swap = [&](Node* n) { return n == old_input ? new_input : n; };
+  ArgumentList args;
+  args.reserve(args_.size());
+  for (const Argument& a : args_) args.push_back(a.map_nodes(swap));
+  Kwargs kwargs;
+  kwargs.reserve(kwargs_.size());
+  for (const auto& kv : kwargs_) kwargs.emplace_back(kv.first, kv.second.map_nodes(swap));
+  std::vector<Node*> inputs = collect_inputs(args, kwargs);
+  args_ = std::move(args);
+  kwargs_ = std::move(kwargs);
+  commit_inputs(std::move(inputs));
+}
+
+std::vector<Node*> Node::replace_all_uses_with(Node* replacement) {
+  if (replacement == this) {
+    throw Error("replace_all_uses_with: %" + name_ + " cannot replace itself");
+  }
+  if (replacement == nullptr || replacement->graph_ != graph_) {
+    throw Error("replace_all_uses_with: the replacement for %" + name_ +
+                " must be a node of the same graph");
+  }
+  std::vector<Node*> changed = users_;  // copy: edits below shrink users_
+  for (Node* u : changed) u->replace_input_with(this, replacement);
+  return changed;
+}
+
+// Edges are derived from arguments here and committed in commit_inputs, the
+// single write path (STYLE.md 2). Collecting validates before anything changes.
+std::vector<Node*> Node::collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const {
+  std::vector<Node*> fresh;
+  auto add = [&](Node* n) {
+    if (n == nullptr) {
+      throw Error("node %" + name_ + ": an argument refers to a null node");
+    }
+    if (n->graph_ != graph_) {
+      throw Error("node %" + name_ + ": argument %" + n->name_ +
+                  " belongs to a different graph");
+    }
+    if (std::find(fresh.begin(), fresh.end(), n) == fresh.end()) fresh.push_back(n);
+  };
+  for (const Argument& a : args) a.for_each_node(add);
+  for (const auto& kv : kwargs) kv.second.for_each_node(add);
+  return fresh;
+}
+
+void Node::commit_inputs(std::vector<Node*> fresh) {
+  for (Node* old : inputs_) {
+    if (std::find(fresh.begin(), fresh.end(), old) == fresh.end()) old->remove_user(this);
+  }
+  for (Node* n : fresh) {
+    if (std::find(inputs_.begin(), inputs_.end(), n) == inputs_.end()) n->users_.push_back(this);
+  }
+  inputs_ = std::move(fresh);
+}
+
+void Node::remove_user(Node* user) {
+  auto it = std::find(users_.begin(), users_.end(), user);
+  TORCH_INTERNAL_ASSERT(it != users_.end(), "user list of %", name_, " lacks %", user->name_);
+  users_.erase(it);
+}
+
+Node* Node::prev() const { return prev_ == graph_->root_ ? nullptr : prev_; }
+Node* Node::next() const { return next_ == graph_->root_ ? nullptr : next_; }
+
+bool Node::has_side_effects() const {
+  if (op_ == OpCode::Output || op_ == OpCode::Placeholder) return true;
+  if (!handle_) return false;  // get_attr, getitem
+  const c10::FunctionSchema& s = handle_->schema();
+  if (s.returns().empty()) return true;
+  for (const c10::Argument& a : s.arguments()) {
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+}  // namespace torchcap

@@ -1,0 +1,197 @@
+// Stack traces of the user's program, captured when a node is recorded.
+//
+// Capture takes only return addresses (glibc's backtrace()), so recording stays
+// cheap; symbolization (module, function, file and line from DWARF, through
+// elfutils' libdwfl) happens the first time someone asks for the frames.
+#include <torchcap/meta.h>
+
+#include <cxxabi.h>
+#include <elfutils/libdwfl.h>
+#include <execinfo.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+namespace torchcap {
+namespace {
+
+constexpr int kMaxCapturedFrames = 96;
+constexpr size_t kMaxUserFrames = 16;
+
+struct Symbolized {
+  SourceFrame frame;
+  bool user = false;  // not torchcap, LibTorch, the C++ library or the C runtime
+};
+
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+bool starts_with(const std::string& s, const char* prefix) {
+  return s.compare(0, std::strlen(prefix), prefix) == 0;
+}
+
+std::string base_name(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+// Shared objects whose frames are never the user's.
+bool is_library_module(const std::string& module) {
+  static const char* const kLibraries[] = {
+      "libtorchcap", "libtorch", "libc10",   "libcaffe2", "libstdc++", "libc.so",
+      "libc-",       "libgcc_s", "libgomp",  "ld-linux",  "libpthread", "libdw",
+      "libshm",      "libgtest", "libgmock", "libbenchmark"};
+  for (const char* lib : kLibraries) {
+    if (starts_with(module, lib)) return true;
+  }
+  return false;
+}
+
+// Source files whose inlined or template code lands in the user's binary but is
+// not the user's: LibTorch's headers, the C++ library's, torchcap's own.
+bool is_library_source(const std::string& file) {
+  return contains(file, "/include/c++/") || contains(file, "/include/torch/") ||
+         contains(file, "/include/ATen/") || contains(file, "/include/c10/") ||
+         contains(file, "/include/torchcap/") || contains(file, "/gtest/") ||
+         contains(file, "/gmock/");
+}
+
+bool is_library_function(const std::string& fn) {
+  return starts_with(fn, "torchcap::") || starts_with(fn, "c10::") || starts_with(fn, "at::") ||
+         starts_with(fn, "torch::") || starts_with(fn, "std::") || starts_with(fn, "__gnu_cxx::") ||
+         starts_with(fn, "testing::") || starts_with(fn, "_start") || starts_with(fn, "__libc");
+}
+
+std::string demangle(const char* name) {
+  if (name == nullptr) return "";
+  int status = 0;
+  char* out = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status != 0 || out == nullptr) return name;
+  std::string s(out);
+  std::free(out);
+  return s;
+}
+
+// One libdwfl session for the process, guarded by a mutex; results are cached
+// by address, so each return address is resolved once.
+class Symbolizer {
+ public:
+  static Symbolizer& get() {
+    static Symbolizer* s = new Symbolizer();  // leaked: used until exit
+    return *s;
+  }
+
+  Symbolized resolve(void* pc) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(pc);
+    if (it != cache_.end()) return it->second;
+    Symbolized s = lookup(reinterpret_cast<Dwarf_Addr>(pc) - 1);  // the call, not the return
+    cache_.emplace(pc, s);
+    return s;
+  }
+
+ private:
+  Symbolizer() {
+    callbacks_.find_elf = dwfl_linux_proc_find_elf;
+    callbacks_.find_debuginfo = dwfl_standard_find_debuginfo;
+    callbacks_.debuginfo_path = nullptr;
+    report();
+  }
+
+  void report() {
+    if (dwfl_ != nullptr) dwfl_end(dwfl_);
+    dwfl_ = dwfl_begin(&callbacks_);
+    if (dwfl_ == nullptr) return;
+    dwfl_report_begin(dwfl_);
+    dwfl_linux_proc_report(dwfl_, getpid());
+    dwfl_report_end(dwfl_, nullptr, nullptr);
+  }
+
+  Symbolized lookup(Dwarf_Addr addr) {
+    Symbolized s;
+    if (dwfl_ == nullptr) return s;
+    Dwfl_Module* mod = dwfl_addrmodule(dwfl_, addr);
+    if (mod == nullptr) {
+      report();  // a library loaded since the last report
+      mod = dwfl_ != nullptr ? dwfl_addrmodule(dwfl_, addr) : nullptr;
+      if (mod == nullptr) return s;
+    }
+    const char* module_path = dwfl_module_info(mod, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                               nullptr, nullptr);
+    std::string module = module_path ? base_name(module_path) : "";
+    s.frame.function = demangle(dwfl_module_addrname(mod, addr));
+    if (Dwfl_Line* line = dwfl_module_getsrc(mod, addr)) {
+      int lineno = 0;
+      if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) {
+        s.frame.file = file;
+        s.frame.line = lineno;
+      }
+    }
+    s.user = !is_library_module(module) && !is_library_source(s.frame.file) &&
+             !(s.frame.file.empty() && is_library_function(s.frame.function)) &&
+             !(s.frame.file.empty() && s.frame.function.empty());
+    if (s.frame.file.empty()) s.frame.file = module;
+    return s;
+  }
+
+  std::mutex mu_;
+  Dwfl_Callbacks callbacks_{};
+  Dwfl* dwfl_ = nullptr;
+  std::unordered_map<void*, Symbolized> cache_;
+};
+
+}  // namespace
+
+struct StackTrace::State {
+  std::vector<void*> pcs;
+  std::once_flag once;
+  std::vector<SourceFrame> frames;
+};
+
+StackTrace StackTrace::capture(int skip) {
+  void* buffer[kMaxCapturedFrames];
+  int n = backtrace(buffer, kMaxCapturedFrames);
+  StackTrace t;
+  t.state_ = std::make_shared<State>();
+  int first = std::min(n, skip + 1);  // and this function
+  t.state_->pcs.assign(buffer + first, buffer + n);
+  return t;
+}
+
+StackTrace StackTrace::from_frames(std::vector<SourceFrame> frames) {
+  StackTrace t;
+  t.state_ = std::make_shared<State>();
+  std::call_once(t.state_->once, [&] { t.state_->frames = std::move(frames); });
+  return t;
+}
+
+bool StackTrace::empty() const { return frames().empty(); }
+
+const std::vector<SourceFrame>& StackTrace::frames() const {
+  static const std::vector<SourceFrame> kNone;
+  if (!state_) return kNone;
+  std::call_once(state_->once, [this] {
+    Symbolizer& sym = Symbolizer::get();
+    for (void* pc : state_->pcs) {
+      Symbolized s = sym.resolve(pc);
+      if (!s.user) continue;
+      state_->frames.push_back(std::move(s.frame));
+      if (state_->frames.size() == kMaxUserFrames) break;
+    }
+  });
+  return state_->frames;
+}
+
+std::string StackTrace::str() const {
+  const auto& fs = frames();
+  std::string out;
+  for (size_t i = fs.size(); i-- > 0;) {
+    const SourceFrame& f = fs[i];
+    out += "  File \"" + f.file + "\", line " + std::to_string(f.line) + ", in " +
+           (f.function.empty() ? "?" : f.function) + "\n";
+  }
+  return out;
+}
+
+}  // namespace torchcap

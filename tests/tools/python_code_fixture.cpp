@@ -1,0 +1,59 @@
+// Writes what tests/python/test_python_code.py checks: the Python code of the
+// sample GraphModule, its attributes and inputs, and the outputs of the same
+// ops run eagerly in C++. Tensors travel as pickles (torch.load reads them).
+//
+//   python_code_fixture OUT_DIR
+#include <torchcap/printer.h>
+
+#include "sample_graphs.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fstream>
+#include <iostream>
+
+namespace {
+
+void write_file(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: python_code_fixture OUT_DIR\n";
+    return 2;
+  }
+  const std::string dir = argv[1];
+  at::manual_seed(0);
+  at::Tensor x = at::randn({2, 4});
+  at::Tensor src = at::randn({2, 5});
+  at::Tensor weight = at::randn({5, 4});
+  at::Tensor bias = at::randn({5});
+
+  // The sample graph's ops, eagerly.
+  at::Tensor addmm = at::addmm(bias, x, weight.t());
+  auto [vals, ind] = at::topk(addmm, 3, -1, /*largest=*/false);
+  at::Tensor add = at::add(vals, at::zeros({2, 3}), 0.5);
+  at::Tensor div = at::div(add, 1e-5, "floor");
+  at::Tensor clamp = at::clamp(at::cat({add, div}, -1).contiguous(), c10::nullopt, 1e20);
+  at::Tensor gathered = at::gather(src, 1, ind);
+
+  c10::Dict<std::string, at::Tensor> attributes;
+  attributes.insert("fc.weight", weight);
+  attributes.insert("fc.bias", bias);
+  c10::impl::GenericDict second(c10::StringType::get(), c10::AnyType::get());
+  second.insert("indices", gathered);
+  second.insert("none", c10::IValue());
+
+  std::ofstream(dir + "/code.py") << torchcap::python_code(torchcap::testing::sample_module());
+  write_file(dir + "/attributes.pt", torch::jit::pickle_save(attributes));
+  write_file(dir + "/inputs.pt", torch::jit::pickle_save(c10::ivalue::Tuple::create({x, src})));
+  write_file(dir + "/expected.pt",
+             torch::jit::pickle_save(c10::ivalue::Tuple::create({clamp, second})));
+  return 0;
+}
