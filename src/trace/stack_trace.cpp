@@ -6,6 +6,8 @@
 #include <torchcap/meta.h>
 
 #include <cxxabi.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
 #include <execinfo.h>
 #include <unistd.h>
@@ -82,11 +84,13 @@ class Symbolizer {
     return *s;
   }
 
-  Symbolized resolve(void* pc) {
+  // The frames at one return address, innermost first: one per inlined call,
+  // then the function the code was compiled into.
+  std::vector<Symbolized> resolve(void* pc) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(pc);
     if (it != cache_.end()) return it->second;
-    Symbolized s = lookup(reinterpret_cast<Dwarf_Addr>(pc) - 1);  // the call, not the return
+    std::vector<Symbolized> s = lookup(reinterpret_cast<Dwarf_Addr>(pc) - 1);  // the call itself
     cache_.emplace(pc, s);
     return s;
   }
@@ -108,37 +112,108 @@ class Symbolizer {
     dwfl_report_end(dwfl_, nullptr, nullptr);
   }
 
-  Symbolized lookup(Dwarf_Addr addr) {
-    Symbolized s;
-    if (dwfl_ == nullptr) return s;
+  static std::string die_function_name(Dwarf_Die* die) {
+    Dwarf_Attribute attr;
+    for (int name : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name}) {
+      if (dwarf_attr_integrate(die, name, &attr) != nullptr) {
+        if (const char* s = dwarf_formstring(&attr)) return demangle(s);
+      }
+    }
+    if (dwarf_attr_integrate(die, DW_AT_name, &attr) != nullptr) {
+      if (const char* s = dwarf_formstring(&attr)) return s;
+    }
+    return "";
+  }
+
+  std::vector<Symbolized> lookup(Dwarf_Addr addr) {
+    std::vector<Symbolized> out;
+    if (dwfl_ == nullptr) return out;
     Dwfl_Module* mod = dwfl_addrmodule(dwfl_, addr);
     if (mod == nullptr) {
       report();  // a library loaded since the last report
       mod = dwfl_ != nullptr ? dwfl_addrmodule(dwfl_, addr) : nullptr;
-      if (mod == nullptr) return s;
+      if (mod == nullptr) return out;
     }
     const char* module_path = dwfl_module_info(mod, nullptr, nullptr, nullptr, nullptr, nullptr,
                                                nullptr, nullptr);
-    std::string module = module_path ? base_name(module_path) : "";
-    s.frame.function = demangle(dwfl_module_addrname(mod, addr));
-    if (Dwfl_Line* line = dwfl_module_getsrc(mod, addr)) {
-      int lineno = 0;
-      if (const char* file = dwfl_lineinfo(line, nullptr, &lineno, nullptr, nullptr, nullptr)) {
-        s.frame.file = file;
-        s.frame.line = lineno;
+    const std::string module = module_path ? base_name(module_path) : "";
+    const bool library_module = is_library_module(module);
+
+    std::string file;
+    int line = 0;
+    if (Dwfl_Line* l = dwfl_module_getsrc(mod, addr)) {
+      if (const char* f = dwfl_lineinfo(l, nullptr, &line, nullptr, nullptr, nullptr)) file = f;
+    }
+    // Walk the inlined calls that contain the address, innermost first: each
+    // DW_TAG_inlined_subroutine's call site is where its caller stood. The
+    // caller is found in the concrete tree (dwarf_getscopes_die), since
+    // dwarf_getscopes continues with the inlined function's abstract origin.
+    std::vector<SourceFrame> frames;
+    Dwarf_Addr bias = 0;
+    if (Dwarf_Die* cu = library_module ? nullptr : dwfl_module_addrdie(mod, addr, &bias)) {
+      Dwarf_Files* files = nullptr;
+      size_t nfiles = 0;
+      if (dwarf_getsrcfiles(cu, &files, &nfiles) != 0) files = nullptr;
+      auto is_function = [](Dwarf_Die* d) {
+        int tag = dwarf_tag(d);
+        return tag == DW_TAG_inlined_subroutine || tag == DW_TAG_subprogram;
+      };
+      Dwarf_Die current;
+      bool found = false;
+      Dwarf_Die* scopes = nullptr;
+      int n = dwarf_getscopes(cu, addr - bias, &scopes);
+      for (int i = 0; i < n && !found; ++i) {
+        if (is_function(&scopes[i])) {
+          current = scopes[i];
+          found = true;
+        }
+      }
+      std::free(scopes);
+      while (found && frames.size() < 64) {
+        frames.push_back(SourceFrame{file, line, die_function_name(&current)});
+        if (dwarf_tag(&current) != DW_TAG_inlined_subroutine) break;
+        Dwarf_Attribute attr;
+        Dwarf_Word value = 0;
+        file.clear();
+        line = 0;
+        if (files != nullptr &&
+            dwarf_formudata(dwarf_attr(&current, DW_AT_call_file, &attr), &value) == 0) {
+          if (const char* f = dwarf_filesrc(files, value, nullptr, nullptr)) file = f;
+        }
+        if (dwarf_formudata(dwarf_attr(&current, DW_AT_call_line, &attr), &value) == 0) {
+          line = static_cast<int>(value);
+        }
+        Dwarf_Die* outer = nullptr;
+        int m = dwarf_getscopes_die(&current, &outer);
+        found = false;
+        for (int i = 1; i < m && !found; ++i) {
+          if (is_function(&outer[i])) {
+            current = outer[i];
+            found = true;
+          }
+        }
+        std::free(outer);
       }
     }
-    s.user = !is_library_module(module) && !is_library_source(s.frame.file) &&
-             !(s.frame.file.empty() && is_library_function(s.frame.function)) &&
-             !(s.frame.file.empty() && s.frame.function.empty());
-    if (s.frame.file.empty()) s.frame.file = module;
-    return s;
+    if (frames.empty()) {
+      frames.push_back(SourceFrame{file, line, demangle(dwfl_module_addrname(mod, addr))});
+    }
+    for (SourceFrame& f : frames) {
+      Symbolized s;
+      s.user = !library_module && !is_library_source(f.file) &&
+               !(f.file.empty() && is_library_function(f.function)) &&
+               !(f.file.empty() && f.function.empty());
+      if (f.file.empty()) f.file = module;
+      s.frame = std::move(f);
+      out.push_back(std::move(s));
+    }
+    return out;
   }
 
   std::mutex mu_;
   Dwfl_Callbacks callbacks_{};
   Dwfl* dwfl_ = nullptr;
-  std::unordered_map<void*, Symbolized> cache_;
+  std::unordered_map<void*, std::vector<Symbolized>> cache_;
 };
 
 }  // namespace
@@ -174,10 +249,11 @@ const std::vector<SourceFrame>& StackTrace::frames() const {
   std::call_once(state_->once, [this] {
     Symbolizer& sym = Symbolizer::get();
     for (void* pc : state_->pcs) {
-      Symbolized s = sym.resolve(pc);
-      if (!s.user) continue;
-      state_->frames.push_back(std::move(s.frame));
-      if (state_->frames.size() == kMaxUserFrames) break;
+      for (Symbolized& s : sym.resolve(pc)) {
+        if (!s.user) continue;
+        state_->frames.push_back(std::move(s.frame));
+        if (state_->frames.size() == kMaxUserFrames) return;
+      }
     }
   });
   return state_->frames;

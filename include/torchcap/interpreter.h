@@ -1,0 +1,58 @@
+// Running a GraphModule on new inputs.
+//
+// The interpreter resolves everything once, when it is built (ExecuTorch's
+// Method, STYLE.md 8): operator handles, argument templates with constants
+// already converted, attribute tensors, and for each value its last use, found
+// by one reverse walk so the value is freed right after. A run then executes
+// from flat tables without string look-ups.
+//
+// Ownership: an Interpreter copies what it needs from the GraphModule (sharing
+// attribute tensors); the GraphModule may change or go away afterwards. The
+// plan is immutable, so one Interpreter may run on several threads at once;
+// each run's values belong to that call.
+#pragma once
+
+#include <torchcap/graph_module.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <memory>
+#include <vector>
+
+namespace torchcap {
+
+// Figures from one run, for tests and benchmarks.
+struct RunStats {
+  size_t nodes_executed = 0;
+  size_t peak_live_values = 0;  // most intermediate values held at once
+};
+
+class Interpreter {
+ public:
+  // Builds the plan. Throws Error naming the node if the graph cannot run
+  // (lint failures, missing attributes).
+  explicit Interpreter(const GraphModule& gm);
+  ~Interpreter();
+  Interpreter(Interpreter&&) noexcept;
+  Interpreter& operator=(Interpreter&&) noexcept;
+
+  // Runs on the program's arguments (the nested structure of the input spec's
+  // top-level tuple) and returns the rebuilt output structure. Inputs are
+  // checked first against the placeholders' recorded metadata; one InputError
+  // lists every mismatch. A failing operator throws RuntimeError naming the
+  // node, its stack trace from the trace, and the original message.
+  c10::IValue run(const std::vector<c10::IValue>& inputs, RunStats* stats = nullptr) const;
+
+  // The same, on the flat list of input tensors; returns the flat outputs.
+  std::vector<at::Tensor> run_flat(const std::vector<at::Tensor>& inputs,
+                                   RunStats* stats = nullptr) const;
+
+  size_t num_inputs() const;
+  size_t num_outputs() const;
+
+ private:
+  struct Plan;
+  std::unique_ptr<const Plan> plan_;
+};
+
+}  // namespace torchcap

@@ -1,0 +1,86 @@
+// The tracer: runs a LibTorch program for real and records every aten
+// operator it executes into a GraphModule (EXIR's DispatchTracer, in C++).
+//
+// Inputs become placeholders ph_0, ph_1, ... and are immutable; parameters and
+// buffers become one get_attr node each, named by their qualified path; other
+// tensors the program reads are lifted as `_tensor_constant0`, ... Operators on
+// plain tensors inside the traced function (`weight.t()`, `torch::ones(...)`)
+// are recorded too while the trace is active.
+//
+// Decomposition. LibTorch decomposes CompositeImplicitAutograd operators
+// (aten::linear, aten::layer_norm, aten::dropout, ...) at the autograd dispatch
+// key, above the tracer, so by default a graph holds their decompositions.
+// Under inference mode the autograd keys are skipped and such operators reach
+// the tracer whole: it records the ones in `TraceOptions::preserve` as single
+// nodes and decomposes the rest itself. So:
+//   - no grad (the tracer always runs the program under NoGradGuard): every
+//     composite operator is decomposed; `preserve` cannot take effect;
+//   - inference mode (TraceOptions::inference_mode, or a c10::InferenceMode
+//     active around the call): `preserve` operators are kept whole; the
+//     default set is {aten::linear, aten::layer_norm}, as upstream.
+// Operators LibTorch never decomposes are always recorded whole.
+//
+// Threads: the active trace is thread-local and scoped; traces on different
+// threads are independent. A trace that throws leaves nothing behind.
+#pragma once
+
+#include <torchcap/graph_module.h>
+
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch {
+namespace nn {
+class Module;
+}
+namespace jit {
+struct Module;
+}
+}  // namespace torch
+
+namespace torchcap {
+
+struct TraceOptions {
+  // Record the user's stack trace on every node (capture is cheap; symbolizing
+  // happens only when a node's stack trace is read).
+  bool record_stack_traces = true;
+  // Run the program under c10::InferenceMode (see the note above).
+  bool inference_mode = false;
+  // Qualified operator names ("aten::linear") kept whole when they reach the
+  // tracer undecomposed. Unset: default_preserved_ops(inference).
+  std::optional<std::vector<std::string>> preserve;
+  // Reading a tensor's value into C++ (`.item()`, `at::equal`, `if (t.is_nonzero())`)
+  // bakes the value into the graph. By default that is an error.
+  bool allow_data_dependent_values = false;
+};
+
+// {aten::linear, aten::layer_norm} under inference mode, nothing otherwise.
+std::vector<std::string> default_preserved_ops(bool inference_mode);
+
+// A traced program: takes the inputs, returns tensors, none, or tuples, lists
+// and dicts of them.
+using TracedFunction = std::function<c10::IValue(std::vector<c10::IValue>)>;
+
+// Traces `fn` on `inputs` (tensors, tuples, lists, dicts, none, scalars; scalars
+// are specialised into the graph). If `outputs` is given, it receives what `fn`
+// returned, with real tensors.
+GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                  const TraceOptions& options = {}, c10::IValue* outputs = nullptr);
+
+// Traces `forward`, which calls `module`: the module's parameters and buffers
+// become get_attr nodes named by their qualified names ("layer1.0.conv1.weight").
+GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options = {},
+                  c10::IValue* outputs = nullptr);
+
+// Traces the `forward` method of a TorchScript module (torch::jit::load), with
+// the TorchScript executor's optimisations off so that the recorded operators
+// are the module's own.
+GraphModule trace(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
+                  const TraceOptions& options = {}, c10::IValue* outputs = nullptr);
+
+}  // namespace torchcap

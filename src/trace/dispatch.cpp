@@ -1,0 +1,387 @@
+// The tracer's dispatch handler: every aten operator that reaches the tracer's
+// key runs here (STYLE.md 6: one boxed handler, explicit exceptions).
+#include <torchcap/error.h>
+#include <torchcap/tracing_tensor.h>
+
+#include "trace/dispatch_key.h"
+#include "trace/trace_state.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+namespace torchcap {
+namespace detail {
+namespace {
+
+using Stack = std::vector<c10::IValue>;
+
+std::string schema_str(const c10::FunctionSchema& s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+bool is_write(const c10::AliasInfo* info) {
+  if (info == nullptr) return false;
+  if (info->isWrite()) return true;
+  for (const c10::AliasInfo& c : info->containedTypes()) {
+    if (is_write(&c)) return true;
+  }
+  return false;
+}
+
+// Operators that read tensor values into C++: the value would be baked into
+// the graph (Note [Data-dependent values]).
+bool reads_data(const c10::OperatorName& name) {
+  return name.name == "aten::_local_scalar_dense" || name.name == "aten::equal";
+}
+
+bool is_tensor_like(const c10::IValue& v) {
+  if (v.isTensor()) return true;
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (is_tensor_like(e)) return true;
+    }
+  }
+  return false;
+}
+
+// A value recorded as an argument: tensors become the nodes that hold them.
+Argument to_argument(TraceState& st, const c10::IValue& v, const c10::Type& declared,
+                     const std::string& what) {
+  using K = c10::TypeKind;
+  const c10::Type* type = &declared;
+  if (type->kind() == K::OptionalType) {
+    type = type->expectRef<c10::OptionalType>().getElementType().get();
+  }
+  if (v.isNone()) return Argument();
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return Argument();
+    return Argument(st.node_for(t, what));
+  }
+  if (v.isInt()) {
+    switch (type->kind()) {
+      case K::ScalarTypeType:
+        return Argument(static_cast<c10::ScalarType>(v.toInt()));
+      case K::LayoutType:
+        return Argument(static_cast<c10::Layout>(v.toInt()));
+      case K::MemoryFormatType:
+        return Argument(static_cast<c10::MemoryFormat>(v.toInt()));
+      default:
+        return Argument(v.toInt());
+    }
+  }
+  if (v.isDouble()) return Argument(v.toDouble());
+  if (v.isBool()) return Argument(v.toBool());
+  if (v.isString()) return Argument(v.toStringRef());
+  if (v.isDevice()) return Argument(v.toDevice());
+  if (v.isSymInt()) return Argument(v.toSymInt().expect_int());
+  if (v.isList()) {
+    const c10::Type* elem = type->kind() == K::ListType
+                                ? type->expectRef<c10::ListType>().getElementType().get()
+                                : type;
+    ArgumentList out;
+    auto list = v.toListRef();
+    out.reserve(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      out.push_back(to_argument(st, list[i], *elem, what + "[" + std::to_string(i) + "]"));
+    }
+    return Argument(std::move(out));
+  }
+  throw TraceError(what + " is " + (v.isGenerator() ? "a random generator" : "a " + v.tagKind()) +
+                   ", which a graph cannot record; pass no generator (use the default one) or "
+                   "compute it outside the traced function");
+}
+
+c10::IValue unwrap(const c10::IValue& v) {
+  if (v.isTensor()) {
+    TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
+    return w != nullptr ? c10::IValue(w->value()) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    auto in = v.toTensorList();
+    out.reserve(in.size());
+    for (const at::Tensor& t : in) out.push_back(unwrap_tracing_tensor(t));
+    return out;
+  }
+  if (v.isList() && is_tensor_like(v)) {  // Tensor?[]
+    c10::impl::GenericList out(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(unwrap(e));
+    return out;
+  }
+  return v;
+}
+
+// Index of the argument that return `r` writes (same alias set), or -1.
+int written_argument_of(const c10::FunctionSchema& schema, const c10::Argument& r) {
+  if (!r.alias_info() || !r.alias_info()->isWrite()) return -1;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* a = args[i].alias_info();
+    if (a != nullptr && a->isWrite() && a->beforeSets() == r.alias_info()->beforeSets()) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// Index of the argument that return `r` is a view of (shares an alias set
+// without writing), or -1.
+int aliased_argument_of(const c10::FunctionSchema& schema, const c10::Argument& r) {
+  if (!r.alias_info() || r.alias_info()->isWrite()) return -1;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* a = args[i].alias_info();
+    if (a != nullptr && a->beforeSets() == r.alias_info()->beforeSets()) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+bool is_immutable_tensor(const c10::IValue& v) {
+  if (!v.isTensor()) return false;
+  TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
+  return w != nullptr && w->is_immutable();
+}
+
+void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
+  // No trace on this thread: wrappers compute, nothing is recorded. Results
+  // are plain tensors, except write-aliases, which return the argument itself.
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t n_args = schema.arguments().size();
+  std::vector<c10::IValue> original(stack->end() - n_args, stack->end());
+  for (auto it = stack->end() - n_args; it != stack->end(); ++it) *it = unwrap(*it);
+  op.callBoxed(stack);
+  const auto& returns = schema.returns();
+  for (size_t j = 0; j < returns.size(); ++j) {
+    int k = written_argument_of(schema, returns[j]);
+    if (k >= 0) (*stack)[stack->size() - returns.size() + j] = original[k];
+  }
+}
+
+// Note [Attributes written during a trace]
+// The tracer runs the program for real, so an operator that writes a buffer
+// (BatchNorm's running stats in train mode) changes the module's real buffer,
+// just as eager execution would. The graph records that write too; for running
+// the graph to have the same effect as running the program once, its attribute
+// must hold the value from *before* the trace. So the first write to an
+// attribute's memory snapshots it: the GraphModule keeps the copy, the module
+// keeps going with its own tensor.
+
+// Note [Proxy rebinding for in-place ops]
+// An in-place or out= operator returns its written argument. The recorded node
+// computes the argument's new value, so the argument's wrapper (or, for a
+// plain tensor, the trace's entry for it) is pointed at that node: later reads
+// depend on the write, and the tensor object the program holds stays the same.
+void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& params = schema.arguments();
+  const auto& returns = schema.returns();
+  const size_t n_args = params.size();
+  const std::string target = qualified_name(schema.operator_name());
+  const size_t base = stack->size() - n_args;
+
+  if (reads_data(schema.operator_name()) && !st.options().allow_data_dependent_values) {
+    throw TraceError(target +
+                     " reads a tensor's value into C++ (for example .item(), at::equal or a "
+                     "tensor used as a condition); the graph would bake that value in. Keep the "
+                     "computation in tensors, or set TraceOptions::allow_data_dependent_values");
+  }
+
+  // 1. Writes the graph cannot express, and writes to inputs: refused before
+  //    anything runs, so the input keeps its value.
+  std::vector<bool> written(n_args, false);
+  for (size_t i = 0; i < n_args; ++i) written[i] = is_write(params[i].alias_info());
+  for (size_t i = 0; i < n_args; ++i) {
+    if (!written[i]) continue;
+    const c10::IValue& v = (*stack)[base + i];
+    bool returned = false;
+    for (const c10::Argument& r : returns) {
+      returned = returned || written_argument_of(schema, r) == static_cast<int>(i);
+    }
+    if (!returned || !params[i].alias_info()->isWrite()) {
+      throw TraceError(target + " writes to argument '" + params[i].name() +
+                       "' without returning it" +
+                       (params[i].alias_info()->isWrite() ? "" : " (it writes list elements)") +
+                       "; a graph cannot express that mutation. Schema: " + schema_str(schema));
+    }
+    if (is_immutable_tensor(v)) {
+      TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
+      Node* n = w->node() != nullptr ? w->node() : w->source();
+      throw TraceError("Immutable tensor `" + params[i].name() +
+                       "` is potentially getting modified by " + schema_str(schema) +
+                       ": it is a graph input" + (n ? " (%" + n->name() + ")" : std::string()) +
+                       " or a view of one, which a graph may not modify. Clone it first.");
+    }
+  }
+
+  // 2. Arguments, as recorded. Resolving may add get_attr and getitem nodes,
+  //    which therefore come before this operator's node.
+  ArgumentList args;
+  Kwargs kwargs;
+  {
+    std::vector<Argument> converted(n_args);
+    std::vector<bool> keep(n_args, true);
+    for (size_t i = 0; i < n_args; ++i) {
+      const c10::IValue& v = (*stack)[base + i];
+      converted[i] = to_argument(st, v, *params[i].real_type(),
+                                 "argument '" + params[i].name() + "' of " + target);
+      const auto& def = params[i].default_value();
+      if (def && !is_tensor_like(v) && v.tagKind() == def->tagKind() && v == *def) keep[i] = false;
+      if (def && v.isNone() && def->isNone()) keep[i] = false;
+    }
+    size_t positional = 0;
+    while (positional < n_args && !params[positional].kwarg_only()) ++positional;
+    size_t last = positional;  // drop trailing positional defaults
+    while (last > 0 && !keep[last - 1]) --last;
+    for (size_t i = 0; i < last; ++i) args.push_back(std::move(converted[i]));
+    for (size_t i = positional; i < n_args; ++i) {
+      if (keep[i]) kwargs.emplace_back(params[i].name(), std::move(converted[i]));
+    }
+  }
+
+  // 3. Snapshot attributes about to be written; run the real operator.
+  for (size_t i = 0; i < n_args; ++i) {
+    if (written[i] && (*stack)[base + i].isTensor()) st.before_write((*stack)[base + i].toTensor());
+  }
+  std::vector<c10::IValue> original(stack->begin() + base, stack->end());
+  for (size_t i = 0; i < n_args; ++i) (*stack)[base + i] = unwrap((*stack)[base + i]);
+  op.callBoxed(stack);
+
+  // 4. The node, its metadata, and the results handed back to the program.
+  const size_t rbase = stack->size() - returns.size();
+  size_t tensor_returns = 0;
+  for (size_t j = 0; j < returns.size(); ++j) {
+    const c10::IValue& out = (*stack)[rbase + j];
+    if (out.isTensor() || out.isTensorList()) {
+      ++tensor_returns;
+    } else if (out.isList() && is_tensor_like(out)) {
+      throw TraceError(target + " returns a list of optional tensors, which torchcap cannot "
+                                "record yet. Schema: " + schema_str(schema));
+    }
+  }
+  if (tensor_returns == 0 && !returns.empty()) return;  // shapes, sizes: plain values
+  if (tensor_returns != returns.size()) {
+    throw TraceError(target + " returns tensors and other values together, which torchcap cannot "
+                              "record. Schema: " + schema_str(schema));
+  }
+
+  Graph& g = st.graph();
+  Node* node = g.call_function(op, std::move(args), std::move(kwargs));
+  ValueMeta& val = node->meta().val;
+  if (returns.empty()) {
+    val.kind = ValueKind::None;
+  } else if (returns.size() == 1 && (*stack)[rbase].isTensorList()) {
+    val.kind = ValueKind::List;
+  } else {
+    val.kind = returns.size() == 1 ? ValueKind::Tensor : ValueKind::Tuple;
+  }
+  if (st.options().record_stack_traces) node->meta().stack_trace = StackTrace::capture();
+
+  const bool multi = returns.size() > 1;
+  for (size_t j = 0; j < returns.size(); ++j) {
+    c10::IValue& out = (*stack)[rbase + j];
+    int w = written_argument_of(schema, returns[j]);
+    if (w >= 0) {
+      const at::Tensor& arg = original[w].toTensor();
+      if (TracingTensorImpl* impl = maybe_get_tracing_impl(arg)) {
+        impl->refresh_metadata();  // out= ops may resize
+        if (multi) {
+          impl->rebind_to_output(node, static_cast<int64_t>(j));
+        } else {
+          impl->rebind(node);
+        }
+        val.tensors.push_back(TensorMeta::of(impl->value()));
+      } else {
+        val.tensors.push_back(TensorMeta::of(arg));
+        Node* value = node;
+        if (multi) {
+          value = g.getitem(node, static_cast<int64_t>(j));
+          value->meta().val = ValueMeta::tensor(val.tensors.back());
+        }
+        st.rebind_plain(arg, value);
+      }
+      out = original[w];
+      continue;
+    }
+    int a = aliased_argument_of(schema, returns[j]);
+    bool immutable = a >= 0 && is_immutable_tensor(original[a]);
+    auto wrap = [&](at::Tensor t, int64_t index) {
+      if (!t.defined()) t = at::empty({0});  // as upstream: undefined outputs become empty
+      val.tensors.push_back(TensorMeta::of(t));
+      at::Tensor wrapped = make_tracing_tensor(t, index < 0 ? node : nullptr, st.id(), immutable);
+      if (index >= 0) maybe_get_tracing_impl(wrapped)->rebind_to_output(node, index);
+      return wrapped;
+    };
+    if (out.isTensor()) {
+      out = wrap(out.toTensor(), multi ? static_cast<int64_t>(j) : -1);
+    } else {
+      c10::List<at::Tensor> list = out.toTensorList();
+      c10::List<at::Tensor> wrapped;
+      wrapped.reserve(list.size());
+      for (size_t k = 0; k < list.size(); ++k) wrapped.push_back(wrap(list[k], static_cast<int64_t>(k)));
+      out = wrapped;
+    }
+  }
+}
+
+bool has_direct_cpu_kernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+// Registered as a kernel for every operator that LibTorch does not decompose.
+void traced_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+  c10::impl::ExcludeDispatchKeyGuard no_tracer(kTracerKey);
+  TraceState* st = current_trace();
+  if (st == nullptr) return run_untraced(op, stack);
+  trace_op(*st, op, stack);
+}
+
+// The fallback: composite operators (which reach the tracer whole only when the
+// autograd keys are skipped) and operators registered after the tracer was.
+void traced_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
+  TraceState* st = current_trace();
+  if (st != nullptr && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+      !st->preserves(op.operator_name()) && !has_direct_cpu_kernel(op)) {
+    // Decompose while still tracing: the composite kernel, which also fills
+    // the CPU slot of the dispatch table, calls its constituent operators on
+    // the wrappers, and those reach the tracer one by one.
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    return;
+  }
+  traced_kernel(op, ks, stack);
+}
+
+}  // namespace
+
+void ensure_tracer_registered() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto& d = c10::Dispatcher::singleton();
+    // Registrations live as long as the process.
+    auto* handles = new std::vector<c10::RegistrationHandleRAII>();
+    handles->push_back(d.registerFallback(
+        kTracerKey, c10::KernelFunction::makeFromBoxedFunction<&traced_fallback>(),
+        "torchcap tracer fallback"));
+    // A fallback alone would let CompositeExplicitAutograd kernels run before
+    // the tracer sees some primitives; a direct kernel per operator does not.
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      auto op = d.findOp(name);
+      if (!op || !op->hasSchema()) continue;
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+      handles->push_back(d.registerImpl(
+          name, kTracerKey, c10::KernelFunction::makeFromBoxedFunction<&traced_kernel>(),
+          c10::nullopt, nullptr, "torchcap tracer"));
+    }
+  });
+}
+
+}  // namespace detail
+}  // namespace torchcap

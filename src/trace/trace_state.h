@@ -1,0 +1,94 @@
+// The state of one active trace, shared by the tracer entry points and the
+// dispatch handler. Internal.
+#pragma once
+
+#include <torchcap/graph_module.h>
+#include <torchcap/tracer.h>
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace torchcap {
+namespace detail {
+
+// A named tensor of the traced module: a parameter or a buffer.
+struct ModuleTensor {
+  std::string name;
+  AttributeKind kind;
+};
+
+class TraceState {
+ public:
+  TraceState(const TraceOptions& options,
+             std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors);
+  ~TraceState();
+  TraceState(const TraceState&) = delete;
+  TraceState& operator=(const TraceState&) = delete;
+
+  uint64_t id() const { return id_; }
+  const TraceOptions& options() const { return options_; }
+  GraphModule& module() { return module_; }
+  Graph& graph() { return module_.graph(); }
+  bool preserves(const c10::OperatorName& op) const;
+
+  // The node whose value `t` holds: a wrapper's node (making the getitem node
+  // of a multi-output node's output on first use), or for a plain tensor the
+  // get_attr node of the parameter, buffer or lifted constant it is. `what`
+  // names the tensor in errors ("argument 'self' of aten::add.Tensor").
+  Node* node_for(const at::Tensor& t, const std::string& what);
+
+  // A plain tensor's value is now `node`'s (after an in-place op on it).
+  void rebind_plain(const at::Tensor& t, Node* node);
+
+  // Before an operator writes to `t`: an attribute whose memory is about to
+  // change keeps its value from before the trace (Note [Attributes written
+  // during a trace]).
+  void before_write(const at::Tensor& t);
+
+ private:
+  struct Known {
+    at::Tensor tensor;  // strong reference: identity by address needs it alive
+    std::string name;
+    Node* node;
+    bool snapshotted = false;
+  };
+  Node* getitem_for(Node* source, int64_t index);
+
+  uint64_t id_;
+  const TraceOptions& options_;
+  GraphModule module_;
+  std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors_;
+  std::unordered_map<c10::TensorImpl*, Known> known_;
+  std::unordered_set<std::string> preserve_;
+  int64_t next_constant_ = 0;
+};
+
+// The trace active on this thread, or nullptr.
+TraceState* current_trace();
+
+// Makes `state` the active trace of this thread and routes operators on plain
+// tensors to the tracer, until destroyed (normally or by an exception).
+class TraceScope {
+ public:
+  explicit TraceScope(TraceState* state);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  TraceState* previous_;
+  c10::impl::IncludeDispatchKeyGuard include_tracer_;
+};
+
+// Registers the dispatch handler (once per process).
+void ensure_tracer_registered();
+
+// Qualified name with overload, as node targets spell it.
+std::string qualified_name(const c10::OperatorName& name);
+
+}  // namespace detail
+}  // namespace torchcap

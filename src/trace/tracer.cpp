@@ -1,0 +1,278 @@
+// The tracer's entry points and the state of a trace.
+#include <torchcap/error.h>
+#include <torchcap/tracer.h>
+#include <torchcap/tracing_tensor.h>
+
+#include "trace/dispatch_key.h"
+#include "trace/trace_state.h"
+
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/csrc/api/include/torch/nn/module.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#include <atomic>
+#include <optional>
+
+namespace torchcap {
+
+std::vector<std::string> default_preserved_ops(bool inference_mode) {
+  if (!inference_mode) return {};
+  return {"aten::linear", "aten::layer_norm"};
+}
+
+namespace detail {
+namespace {
+
+thread_local TraceState* tls_current = nullptr;
+std::atomic<uint64_t> next_trace_id{1};
+
+c10::OperatorName parse_name(const std::string& qualified) {
+  size_t ns = qualified.find("::");
+  size_t dot = ns == std::string::npos ? std::string::npos : qualified.find('.', ns + 2);
+  if (dot == std::string::npos) return {qualified, ""};
+  return {qualified.substr(0, dot), qualified.substr(dot + 1)};
+}
+
+}  // namespace
+
+std::string qualified_name(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+TraceState* current_trace() { return tls_current; }
+
+TraceScope::TraceScope(TraceState* state) : previous_(tls_current), include_tracer_(kTracerKey) {
+  tls_current = state;
+}
+
+TraceScope::~TraceScope() { tls_current = previous_; }
+
+TraceState::TraceState(const TraceOptions& options,
+                       std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors)
+    : id_(next_trace_id++), options_(options), module_tensors_(std::move(module_tensors)) {
+  bool inference = options.inference_mode || c10::InferenceMode::is_enabled();
+  std::vector<std::string> preserve =
+      options.preserve ? *options.preserve : default_preserved_ops(inference);
+  for (const std::string& name : preserve) {
+    c10::OperatorName op = parse_name(name);
+    if (op.name.find("::") == std::string::npos ||
+        !c10::Dispatcher::singleton().findSchema(op)) {
+      throw TraceError("TraceOptions::preserve: '" + name +
+                       "' is not a registered operator (expected e.g. aten::linear)");
+    }
+    preserve_.insert(qualified_name(op));
+  }
+}
+
+TraceState::~TraceState() = default;
+
+bool TraceState::preserves(const c10::OperatorName& op) const {
+  return !preserve_.empty() && preserve_.count(qualified_name(op)) != 0;
+}
+
+Node* TraceState::getitem_for(Node* source, int64_t index) {
+  // Right after the source and the getitems already made for it, so the
+  // listing reads like FX's.
+  Node* anchor = source;
+  while (anchor->next() != nullptr && anchor->next()->is_getitem() &&
+         anchor->next()->args()[0].to_node() == source) {
+    if (anchor->next()->args()[1].to_int() == index) return anchor->next();
+    anchor = anchor->next();
+  }
+  Graph::InsertPointGuard after(graph(), InsertPoint::after_node(anchor));
+  Node* item = graph().getitem(source, index);
+  const ValueMeta& val = source->meta().val;
+  if (index >= 0 && static_cast<size_t>(index) < val.tensors.size()) {
+    item->meta().val = ValueMeta::tensor(val.tensors[index]);
+  }
+  item->meta().stack_trace = source->meta().stack_trace;
+  return item;
+}
+
+Node* TraceState::node_for(const at::Tensor& t, const std::string& what) {
+  if (TracingTensorImpl* w = maybe_get_tracing_impl(t)) {
+    if (w->trace_id() != id_) {
+      throw TraceError(what +
+                       " is a traced tensor from another trace; a trace can only use its own "
+                       "inputs, values computed from them, and plain tensors");
+    }
+    if (w->node() != nullptr) return w->node();
+    Node* item = getitem_for(w->source(), w->source_index());
+    w->rebind(item);
+    return item;
+  }
+  if (t.key_set().has(kTracerKey)) {
+    throw TraceError(what + " carries the tracer's dispatch key but is not a traced tensor");
+  }
+  auto it = known_.find(t.unsafeGetTensorImpl());
+  if (it != known_.end()) return it->second.node;
+
+  std::string name;
+  AttributeKind kind = AttributeKind::Constant;
+  auto named = module_tensors_.find(t.unsafeGetTensorImpl());
+  if (named != module_tensors_.end()) {
+    name = named->second.name;
+    kind = named->second.kind;
+  } else {
+    do {
+      name = "_tensor_constant" + std::to_string(next_constant_++);
+    } while (module_.has_attribute(name));
+  }
+  module_.set_attribute(name, t, kind);
+  Node* node = graph().get_attr(name);
+  node->meta().val = ValueMeta::tensor(TensorMeta::of(t));
+  known_.emplace(t.unsafeGetTensorImpl(), Known{t, name, node});
+  return node;
+}
+
+void TraceState::rebind_plain(const at::Tensor& t, Node* node) {
+  auto it = known_.find(t.unsafeGetTensorImpl());
+  TORCH_INTERNAL_ASSERT(it != known_.end(), "a written plain tensor was not resolved first");
+  it->second.node = node;
+}
+
+void TraceState::before_write(const at::Tensor& t) {
+  at::Tensor value = unwrap_tracing_tensor(t);
+  if (!value.has_storage() || known_.empty()) return;
+  const c10::StorageImpl* storage = value.storage().unsafeGetStorageImpl();
+  for (auto& entry : known_) {
+    Known& k = entry.second;
+    if (k.snapshotted || !k.tensor.has_storage() ||
+        k.tensor.storage().unsafeGetStorageImpl() != storage) {
+      continue;
+    }
+    const Attribute& attr = module_.attribute(k.name);
+    module_.set_attribute(k.name, k.tensor.clone(), attr.kind);
+    k.snapshotted = true;
+  }
+}
+
+namespace {
+
+c10::IValue unwrap_all(const c10::IValue& v) {
+  auto [leaves, spec] = tree_flatten(v, "output");
+  std::vector<c10::IValue> real;
+  real.reserve(leaves.size());
+  for (const at::Tensor& t : leaves) real.emplace_back(unwrap_tracing_tensor(t));
+  return spec.unflatten(real);
+}
+
+GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                      const TraceOptions& options,
+                      std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors,
+                      c10::IValue* outputs) {
+  ensure_tracer_registered();
+  TraceState st(options, std::move(module_tensors));
+  Graph& g = st.graph();
+
+  // Inputs: one immutable placeholder per tensor, in flattening order.
+  auto [leaves, in_spec] = tree_flatten(c10::ivalue::Tuple::create(inputs), "input");
+  std::vector<c10::IValue> wrapped;
+  wrapped.reserve(leaves.size());
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const at::Tensor& t = leaves[i];
+    if (is_tracing_tensor(t)) {
+      throw TraceError("input tensor " + std::to_string(i) +
+                       " is a traced tensor of another trace; pass real tensors as inputs");
+    }
+    Node* ph = g.placeholder("ph_" + std::to_string(i));
+    ph->meta().val = ValueMeta::tensor(TensorMeta::of(t));
+    wrapped.emplace_back(make_tracing_tensor(t.detach(), ph, st.id(), /*immutable=*/true));
+  }
+  auto args = in_spec.unflatten(wrapped).toTupleRef().elements().vec();
+
+  c10::IValue result;
+  {
+    at::NoGradGuard no_grad;
+    std::optional<c10::InferenceMode> inference;
+    if (options.inference_mode) inference.emplace();
+    // Note [Inference mode and view tracking]
+    // Inference mode skips the autograd keys but not ADInplaceOrView for
+    // ordinary tensors (parameters): its view kernel would attach view
+    // metadata, with a version counter, to the wrapper the tracer returns,
+    // which inference mode made an inference tensor ("Cannot set
+    // version_counter for inference tensor"). Nothing in a trace needs view
+    // tracking, so it is switched off with autograd.
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> no_view_tracking;
+    if (c10::InferenceMode::is_enabled()) no_view_tracking.emplace(c10::DispatchKey::ADInplaceOrView);
+    TraceScope scope(&st);
+    result = fn(std::move(args));
+  }
+
+  // Outputs: tensors (or none), rebuilt by the output spec.
+  auto [out_leaves, out_spec] = tree_flatten(result, "output");
+  std::vector<TreeSpec> stack = {out_spec};
+  while (!stack.empty()) {
+    TreeSpec s = std::move(stack.back());
+    stack.pop_back();
+    if (s.kind() == TreeSpec::Kind::Constant) {
+      throw TypeError("the traced function returned " + s.str() +
+                      " among its outputs; outputs must be tensors or None, or tuples, lists and "
+                      "dicts of them");
+    }
+    for (const TreeSpec& c : s.children()) stack.push_back(c);
+  }
+  ArgumentList results;
+  results.reserve(out_leaves.size());
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_tracer(kTracerKey);
+    for (size_t i = 0; i < out_leaves.size(); ++i) {
+      results.emplace_back(st.node_for(out_leaves[i], "output " + std::to_string(i)));
+    }
+  }
+  g.output(std::move(results));
+  if (outputs != nullptr) *outputs = unwrap_all(result);
+
+  GraphModule gm = std::move(st.module());
+  gm.in_spec = std::move(in_spec);
+  gm.out_spec = std::move(out_spec);
+  return gm;
+}
+
+}  // namespace
+}  // namespace detail
+
+GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                  const TraceOptions& options, c10::IValue* outputs) {
+  return detail::run_trace(fn, inputs, options, {}, outputs);
+}
+
+GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options,
+                  c10::IValue* outputs) {
+  std::unordered_map<c10::TensorImpl*, detail::ModuleTensor> named;
+  // Tied parameters are one tensor: the first name wins.
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    named.emplace(p.value().unsafeGetTensorImpl(),
+                  detail::ModuleTensor{p.key(), AttributeKind::Parameter});
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    named.emplace(b.value().unsafeGetTensorImpl(),
+                  detail::ModuleTensor{b.key(), AttributeKind::Buffer});
+  }
+  return detail::run_trace(forward, inputs, options, std::move(named), outputs);
+}
+
+GraphModule trace(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
+                  const TraceOptions& options, c10::IValue* outputs) {
+  std::unordered_map<c10::TensorImpl*, detail::ModuleTensor> named;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    named.emplace(p.value.unsafeGetTensorImpl(),
+                  detail::ModuleTensor{p.name, AttributeKind::Parameter});
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    named.emplace(b.value.unsafeGetTensorImpl(),
+                  detail::ModuleTensor{b.name, AttributeKind::Buffer});
+  }
+  auto forward = [&module](std::vector<c10::IValue> args) {
+    // Unoptimised execution: no fusion groups or specialisations, so the
+    // operators that reach the tracer are the ones the module's code calls.
+    torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
+    return module.forward(std::move(args));
+  };
+  return detail::run_trace(forward, inputs, options, std::move(named), outputs);
+}
+
+}  // namespace torchcap

@@ -1,0 +1,146 @@
+#include <torchcap/error.h>
+#include <torchcap/node.h>
+#include <torchcap/tracing_tensor.h>
+
+#include "trace/dispatch_key.h"
+#include "trace/trace_state.h"
+
+#include <ATen/core/Formatting.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace torchcap {
+namespace {
+
+// The backend of the real tensor goes onto the wrapper, so that autograd picks
+// the matching Autograd<Backend> key; nothing else (conjugate and negative
+// bits are handled when the real operator runs on the real tensor).
+constexpr c10::DispatchKeySet kPropagatedKeys({c10::DispatchKey::CPU, c10::DispatchKey::CUDA});
+
+c10::DispatchKeySet wrapper_keys(const at::Tensor& value) {
+  return c10::DispatchKeySet(detail::kTracerKey) | (value.key_set() & kPropagatedKeys);
+}
+
+}  // namespace
+
+TracingTensorImpl::TracingTensorImpl(at::Tensor value, Node* node, uint64_t trace_id,
+                                     bool immutable)
+    : c10::TensorImpl(wrapper_keys(value), value.dtype(), value.device()),
+      value_(std::move(value)),
+      node_(node),
+      trace_id_(trace_id),
+      immutable_(immutable) {
+  TORCH_INTERNAL_ASSERT(value_.defined(), "a tracing tensor needs a defined value");
+  TORCH_INTERNAL_ASSERT(!is_tracing_tensor(value_), "tracing tensors do not nest");
+  set_storage_access_should_throw();
+  refresh_metadata();
+}
+
+void TracingTensorImpl::rebind(Node* node) {
+  node_ = node;
+  source_ = nullptr;
+  source_index_ = -1;
+}
+
+void TracingTensorImpl::rebind_to_output(Node* source, int64_t index) {
+  node_ = nullptr;
+  source_ = source;
+  source_index_ = index;
+}
+
+void TracingTensorImpl::refresh_metadata() {
+  sizes_and_strides_.set_sizes(value_.sizes());
+  sizes_and_strides_.set_strides(value_.strides());
+  refresh_numel();
+  refresh_contiguous();
+}
+
+void TracingTensorImpl::set_size(int64_t, int64_t) {
+  throw TraceError("cannot set the size of a traced tensor; use an operator such as resize_");
+}
+
+void TracingTensorImpl::set_stride(int64_t, int64_t) {
+  throw TraceError("cannot set the stride of a traced tensor; use an operator such as as_strided");
+}
+
+void TracingTensorImpl::set_storage_offset(int64_t) {
+  throw TraceError("cannot set the storage offset of a traced tensor");
+}
+
+void TracingTensorImpl::shallow_copy_from(const c10::intrusive_ptr<TensorImpl>&) {
+  throw TraceError(
+      "cannot replace the data of a traced tensor (Tensor::set_data); its value is the result "
+      "of a recorded operator");
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::copy_with(
+    c10::VariableVersion version_counter, bool allow_tensor_metadata_change) const {
+  auto copy = c10::make_intrusive<TracingTensorImpl>(value_, node_, trace_id_, immutable_);
+  copy->source_ = source_;
+  copy->source_index_ = source_index_;
+  // Inference tensors carry no version counter and may not be given one.
+  if (!copy->is_inference()) copy->set_version_counter(std::move(version_counter));
+  copy->set_allow_tensor_metadata_change(allow_tensor_metadata_change);
+  return copy;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::shallow_copy_and_detach(
+    const c10::VariableVersion& version_counter, bool allow_tensor_metadata_change) const {
+  return copy_with(version_counter, allow_tensor_metadata_change);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::shallow_copy_and_detach(
+    c10::VariableVersion&& version_counter, bool allow_tensor_metadata_change) const {
+  return copy_with(std::move(version_counter), allow_tensor_metadata_change);
+}
+
+const char* TracingTensorImpl::tensorimpl_type_name() const { return "TracingTensorImpl"; }
+
+bool is_tracing_tensor(const at::TensorBase& t) {
+  return t.defined() && t.unsafeGetTensorImpl()->key_set().has(detail::kTracerKey) &&
+         dynamic_cast<TracingTensorImpl*>(t.unsafeGetTensorImpl()) != nullptr;
+}
+
+TracingTensorImpl* maybe_get_tracing_impl(const at::TensorBase& t) {
+  if (!t.defined() || !t.unsafeGetTensorImpl()->key_set().has(detail::kTracerKey)) return nullptr;
+  return dynamic_cast<TracingTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+at::Tensor make_tracing_tensor(at::Tensor value, Node* node, uint64_t trace_id, bool immutable) {
+  return at::Tensor(
+      c10::make_intrusive<TracingTensorImpl>(std::move(value), node, trace_id, immutable));
+}
+
+at::Tensor unwrap_tracing_tensor(const at::Tensor& t) {
+  TracingTensorImpl* impl = maybe_get_tracing_impl(t);
+  return impl != nullptr ? impl->value() : t;
+}
+
+std::string describe_tensor(const at::Tensor& t) {
+  TracingTensorImpl* impl = maybe_get_tracing_impl(t);
+  std::ostringstream os;
+  if (impl == nullptr) {
+    os << t;
+    return os.str();
+  }
+  // Printing runs operators; keep the tracer out of them.
+  c10::impl::ExcludeDispatchKeyGuard no_tracer(detail::kTracerKey);
+  os << "TracedTensor(";
+  // Nodes are only safe to read while their trace is active on this thread.
+  const detail::TraceState* st = detail::current_trace();
+  if (st == nullptr || st->id() != impl->trace_id()) {
+    os << "from another trace, ";
+  } else if (impl->node() != nullptr) {
+    os << "%" << impl->node()->name() << ", ";
+  } else if (impl->source() != nullptr) {
+    os << "%" << impl->source()->name() << "[" << impl->source_index() << "], ";
+  }
+  os << TensorMeta::of(impl->value()).str() << (impl->is_immutable() ? ", immutable" : "")
+     << ", value=\n"
+     << impl->value() << ")";
+  return os.str();
+}
+
+}  // namespace torchcap
