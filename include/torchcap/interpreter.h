@@ -21,6 +21,10 @@
 
 namespace torchcap {
 
+namespace detail {
+struct InterpreterPlan;
+}
+
 // Figures from one run, for tests and benchmarks.
 struct RunStats {
   size_t nodes_executed = 0;
@@ -51,8 +55,7 @@ class Interpreter {
   size_t num_outputs() const;
 
  private:
-  struct Plan;
-  std::unique_ptr<const Plan> plan_;
+  std::unique_ptr<const detail::InterpreterPlan> plan_;
 };
 
 }  // namespace torchcap

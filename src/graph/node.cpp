@@ -2,6 +2,8 @@
 #include <torchcap/graph.h>
 #include <torchcap/printer.h>
 
+#include "graph/hidden_writes.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -143,6 +145,12 @@ bool Node::has_side_effects() const {
   if (s.returns().empty()) return true;
   for (const c10::Argument& a : s.arguments()) {
     if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  }
+  if (const detail::HiddenWrites* hidden = detail::hidden_writes(handle_->operator_name())) {
+    // Writes when the condition argument is true (given positionally or by name).
+    const std::string& flag = s.arguments()[hidden->condition].name();
+    const Argument* cond = hidden->condition < args_.size() ? &args_[hidden->condition] : kwarg(flag);
+    return cond != nullptr && cond->is_bool() && cond->to_bool();
   }
   return false;
 }

@@ -3,6 +3,7 @@
 #include <torchcap/error.h>
 #include <torchcap/tracing_tensor.h>
 
+#include "graph/hidden_writes.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 
@@ -40,6 +41,20 @@ bool is_write(const c10::AliasInfo* info) {
 // the graph (Note [Data-dependent values]).
 bool reads_data(const c10::OperatorName& name) {
   return name.name == "aten::_local_scalar_dense" || name.name == "aten::equal";
+}
+
+// at::equal(a, b) where a and b hold the same node's value depends on that
+// identity, which the graph keeps, not on the data (short of NaNs).
+// MultiheadAttention asks this to detect self-attention.
+bool same_value_comparison(TraceState& st, const c10::FunctionSchema& schema, const Stack& stack,
+                           size_t base) {
+  if (schema.name() != "aten::equal") return false;
+  const c10::IValue& a = stack[base];
+  const c10::IValue& b = stack[base + 1];
+  if (!a.isTensor() || !b.isTensor()) return false;
+  if (a.toTensor().is_same(b.toTensor())) return true;
+  return st.node_for(a.toTensor(), "argument 'self' of aten::equal") ==
+         st.node_for(b.toTensor(), "argument 'other' of aten::equal");
 }
 
 bool is_tensor_like(const c10::IValue& v) {
@@ -188,7 +203,8 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   const std::string target = qualified_name(schema.operator_name());
   const size_t base = stack->size() - n_args;
 
-  if (reads_data(schema.operator_name()) && !st.options().allow_data_dependent_values) {
+  if (reads_data(schema.operator_name()) && !st.options().allow_data_dependent_values &&
+      !same_value_comparison(st, schema, *stack, base)) {
     throw TraceError(target +
                      " reads a tensor's value into C++ (for example .item(), at::equal or a "
                      "tensor used as a condition); the graph would bake that value in. Keep the "
@@ -198,10 +214,30 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   // 1. Writes the graph cannot express, and writes to inputs: refused before
   //    anything runs, so the input keeps its value.
   std::vector<bool> written(n_args, false);
+  std::vector<bool> hidden(n_args, false);  // Note [Writes the schema does not declare]
   for (size_t i = 0; i < n_args; ++i) written[i] = is_write(params[i].alias_info());
+  if (const HiddenWrites* h = hidden_writes(schema.operator_name())) {
+    const c10::IValue& flag = (*stack)[base + h->condition];
+    if (flag.isBool() && flag.toBool()) {
+      for (size_t i : h->arguments) {
+        const c10::IValue& v = (*stack)[base + i];
+        hidden[i] = written[i] = v.isTensor() && v.toTensor().defined();
+      }
+    }
+  }
   for (size_t i = 0; i < n_args; ++i) {
     if (!written[i]) continue;
     const c10::IValue& v = (*stack)[base + i];
+    if (hidden[i]) {
+      if (is_immutable_tensor(v)) {
+        throw TraceError("Immutable tensor `" + params[i].name() +
+                         "` is potentially getting modified by " + schema_str(schema) +
+                         " (it updates its running statistics in place when training): it is a "
+                         "graph input or a view of one, which a graph may not modify. Clone it "
+                         "first.");
+      }
+      continue;
+    }
     bool returned = false;
     for (const c10::Argument& r : returns) {
       returned = returned || written_argument_of(schema, r) == static_cast<int>(i);

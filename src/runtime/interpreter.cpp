@@ -1,0 +1,431 @@
+// The interpreter: a plan built once from the graph, run from flat tables.
+#include <torchcap/error.h>
+#include <torchcap/interpreter.h>
+#include <torchcap/printer.h>
+
+#include "graph/schema_check.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/jit_type.h>
+
+#include <unordered_map>
+
+namespace torchcap {
+namespace {
+
+// Where an operator argument comes from at run time.
+struct Slot {
+  enum class Kind : uint8_t {
+    Constant,       // `constant`, converted to the schema's type at plan time
+    Value,          // values[index]: an intermediate result
+    Input,          // inputs[index]
+    Attribute,      // attributes[index]
+    TensorList,     // a Tensor[] gathered from `elements`
+    OptionalTensorList,  // a Tensor?[] gathered from `elements` (Constant = none)
+  };
+  Kind kind = Kind::Constant;
+  int32_t index = -1;
+  c10::IValue constant;
+  std::vector<Slot> elements;
+};
+
+// One call_function node of the graph.
+struct Instruction {
+  c10::OperatorHandle op;
+  std::vector<Slot> args;  // the schema's full arity: defaults already filled
+  // Results go to values[out], values[out+1], ... (one per return, or one per
+  // element of a Tensor[] return when `explode` is set).
+  int32_t out = -1;
+  int32_t num_outputs = 0;
+  bool explode = false;
+  std::vector<int32_t> frees;  // values released after this instruction
+  int32_t node_info = -1;
+};
+
+// What an error needs to say about a node.
+struct NodeInfo {
+  std::string line;  // as printed: %addmm_1 : ... = aten::addmm(...)
+  StackTrace stack_trace;
+};
+
+struct InputCheck {
+  std::string name;
+  bool has_meta = false;
+  TensorMeta meta;
+};
+
+}  // namespace
+
+struct detail::InterpreterPlan {
+  std::vector<Instruction> instructions;
+  std::vector<at::Tensor> attributes;
+  std::vector<InputCheck> inputs;
+  std::vector<Slot> outputs;  // Value, Input or Attribute slots
+  std::vector<NodeInfo> node_infos;
+  int32_t num_values = 0;
+  size_t max_args = 0;
+  TreeSpec in_spec;
+  TreeSpec out_spec;
+};
+
+namespace {
+
+const c10::Type& unwrap_optional(const c10::Type& t) {
+  if (t.kind() == c10::TypeKind::OptionalType) {
+    return *t.expectRef<c10::OptionalType>().getElementType();
+  }
+  return t;
+}
+
+// A constant argument as the boxed kernel expects it for a parameter of `type`.
+c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared) {
+  const c10::Type& type = unwrap_optional(declared);
+  using K = c10::TypeKind;
+  if (a.is_none()) return c10::IValue();
+  if (a.is_int()) {
+    if (type.kind() == K::FloatType) return c10::IValue(static_cast<double>(a.to_int()));
+    return c10::IValue(a.to_int());
+  }
+  if (a.is_double()) return c10::IValue(a.to_double());
+  if (a.is_bool()) return c10::IValue(a.to_bool());
+  if (a.is_string()) return c10::IValue(a.to_string());
+  if (a.is_scalar_type()) return c10::IValue(a.to_scalar_type());
+  if (a.is_layout()) return c10::IValue(a.to_layout());
+  if (a.is_memory_format()) return c10::IValue(a.to_memory_format());
+  if (a.is_device()) return c10::IValue(a.to_device());
+  if (a.is_list()) {
+    const c10::Type* elem = type.kind() == K::ListType
+                                ? type.expectRef<c10::ListType>().getElementType().get()
+                                : nullptr;
+    K ek = elem != nullptr ? unwrap_optional(*elem).kind() : K::AnyType;
+    const ArgumentList& l = a.to_list();
+    if (ek == K::IntType || ek == K::SymIntType) {
+      c10::List<int64_t> out;
+      for (const Argument& e : l) out.push_back(e.to_int());
+      return out;
+    }
+    if (ek == K::FloatType) {
+      c10::List<double> out;
+      for (const Argument& e : l) out.push_back(e.is_int() ? double(e.to_int()) : e.to_double());
+      return out;
+    }
+    if (ek == K::BoolType) {
+      c10::List<bool> out;
+      for (const Argument& e : l) out.push_back(e.to_bool());
+      return out;
+    }
+    if (ek == K::TensorType && l.empty()) {
+      return elem->kind() == K::OptionalType
+                 ? c10::IValue(c10::List<c10::optional<at::Tensor>>())
+                 : c10::IValue(c10::List<at::Tensor>());
+    }
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const Argument& e : l) out.push_back(constant_ivalue(e, elem ? *elem : declared));
+    return out;
+  }
+  TORCH_INTERNAL_ASSERT(false, "constant_ivalue: node arguments are not constants");
+}
+
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(const GraphModule& gm) : gm_(gm) {}
+
+  std::unique_ptr<detail::InterpreterPlan> build() {
+    gm_.lint();
+    auto plan = std::make_unique<detail::InterpreterPlan>();
+    plan->in_spec = gm_.in_spec;
+    plan->out_spec = gm_.out_spec;
+    for (const Node* n : gm_.graph()) {
+      switch (n->op()) {
+        case OpCode::Placeholder: {
+          where_[n] = {Slot::Kind::Input, static_cast<int32_t>(plan->inputs.size())};
+          InputCheck check;
+          check.name = n->name();
+          if (n->meta().val.kind == ValueKind::Tensor && !n->meta().val.tensors.empty()) {
+            check.has_meta = true;
+            check.meta = n->meta().val.tensors[0];
+          }
+          plan->inputs.push_back(std::move(check));
+          break;
+        }
+        case OpCode::GetAttr:
+          where_[n] = {Slot::Kind::Attribute, static_cast<int32_t>(plan->attributes.size())};
+          plan->attributes.push_back(gm_.attribute(n->target()).value);
+          break;
+        case OpCode::CallFunction:
+          if (n->is_getitem()) {
+            getitem(*n);
+          } else {
+            call(*plan, *n);
+          }
+          break;
+        case OpCode::Output:
+          for (const Argument& a : n->args()[0].to_list()) plan->outputs.push_back(slot_of(a.to_node()));
+          break;
+      }
+    }
+    plan->num_values = next_value_;
+    compute_frees(*plan);
+    for (const Instruction& i : plan->instructions) plan->max_args = std::max(plan->max_args, i.args.size());
+    return plan;
+  }
+
+ private:
+  struct Where {
+    Slot::Kind kind;
+    int32_t index;
+  };
+
+  Slot slot_of(const Node* n) {
+    auto it = where_.find(n);
+    if (it == where_.end()) {
+      throw Error("interpreter: %" + n->name() + " has no value (a multi-output node used "
+                  "without getitem, or a node that returns nothing)");
+    }
+    Slot s;
+    s.kind = it->second.kind;
+    s.index = it->second.index;
+    return s;
+  }
+
+  Slot argument_slot(const Argument& a, const c10::Type& declared) {
+    if (a.is_node()) return slot_of(a.to_node());
+    const c10::Type& type = unwrap_optional(declared);
+    if (a.is_list() && type.kind() == c10::TypeKind::ListType) {
+      bool has_nodes = false;
+      a.for_each_node([&](Node*) { has_nodes = true; });
+      if (has_nodes) {
+        const c10::Type& elem = *type.expectRef<c10::ListType>().getElementType();
+        Slot s;
+        s.kind = elem.kind() == c10::TypeKind::OptionalType ? Slot::Kind::OptionalTensorList
+                                                            : Slot::Kind::TensorList;
+        for (const Argument& e : a.to_list()) s.elements.push_back(argument_slot(e, elem));
+        return s;
+      }
+    }
+    Slot s;
+    s.constant = constant_ivalue(a, declared);
+    return s;
+  }
+
+  void call(detail::InterpreterPlan& plan, const Node& n) {
+    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
+    const c10::FunctionSchema& schema = n.schema();
+    const auto& params = schema.arguments();
+    std::vector<const Argument*> given(params.size(), nullptr);
+    for (size_t i = 0; i < n.args().size(); ++i) given[i] = &n.args()[i];
+    for (const auto& kv : n.kwargs()) given[*schema.argumentIndexWithName(kv.first)] = &kv.second;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (given[i] != nullptr) {
+        ins.args.push_back(argument_slot(*given[i], *params[i].real_type()));
+      } else {
+        Slot s;  // a default, or none for an optional without one
+        if (params[i].default_value()) s.constant = *params[i].default_value();
+        ins.args.push_back(std::move(s));
+      }
+    }
+    const ValueMeta& val = n.meta().val;
+    switch (detail::produces(n)) {
+      case detail::Produces::Tensor:
+      case detail::Produces::Scalar:
+        ins.out = next_value_++;
+        ins.num_outputs = 1;
+        where_[&n] = {Slot::Kind::Value, ins.out};
+        break;
+      case detail::Produces::Tuple:
+        ins.out = next_value_;
+        ins.num_outputs = static_cast<int32_t>(schema.returns().size());
+        next_value_ += ins.num_outputs;
+        multi_[&n] = ins.out;
+        break;
+      case detail::Produces::TensorList:
+        if (val.kind != ValueKind::List) {
+          throw Error("interpreter: %" + n.name() + " returns a Tensor[] of unrecorded length; "
+                      "trace the graph or set its metadata");
+        }
+        ins.out = next_value_;
+        ins.num_outputs = static_cast<int32_t>(val.tensors.size());
+        ins.explode = true;
+        next_value_ += ins.num_outputs;
+        multi_[&n] = ins.out;
+        break;
+      case detail::Produces::Nothing:
+        break;
+    }
+    ins.node_info = static_cast<int32_t>(plan.node_infos.size());
+    plan.node_infos.push_back(NodeInfo{format_node(n), n.meta().stack_trace});
+    plan.instructions.push_back(std::move(ins));
+  }
+
+  // getitem needs no instruction: it names one of its source's value slots.
+  void getitem(const Node& n) {
+    const Node* src = n.args()[0].to_node();
+    auto it = multi_.find(src);
+    if (it == multi_.end()) throw Error("interpreter: getitem %" + n.name() + " of a node without outputs");
+    int64_t index = n.args()[1].to_int();
+    where_[&n] = {Slot::Kind::Value, static_cast<int32_t>(it->second + index)};
+  }
+
+  // Note [Freeing values after their last use]
+  // One reverse walk: the first time a value is seen (from the end), that
+  // instruction is its last use, so the value is released right after it.
+  // Values never read are released right after they are produced. Values the
+  // output returns are never released.
+  void compute_frees(detail::InterpreterPlan& plan) {
+    std::vector<bool> seen(plan.num_values, false);
+    for (const Slot& s : plan.outputs) {
+      if (s.kind == Slot::Kind::Value) seen[s.index] = true;
+    }
+    auto visit = [&](const Slot& s, Instruction& ins, auto&& self) -> void {
+      if (s.kind == Slot::Kind::Value && !seen[s.index]) {
+        seen[s.index] = true;
+        ins.frees.push_back(s.index);
+      }
+      for (const Slot& e : s.elements) self(e, ins, self);
+    };
+    for (size_t k = plan.instructions.size(); k-- > 0;) {
+      Instruction& ins = plan.instructions[k];
+      for (const Slot& s : ins.args) visit(s, ins, visit);
+      for (int32_t o = ins.out; o >= 0 && o < ins.out + ins.num_outputs; ++o) {
+        if (!seen[o]) {
+          seen[o] = true;
+          ins.frees.push_back(o);  // produced, never read
+        }
+      }
+    }
+  }
+
+  const GraphModule& gm_;
+  std::unordered_map<const Node*, Where> where_;
+  std::unordered_map<const Node*, int32_t> multi_;
+  int32_t next_value_ = 0;
+};
+
+std::string describe_input(const at::Tensor& t) { return TensorMeta::of(t).str(); }
+
+void check_inputs(const detail::InterpreterPlan& plan, const std::vector<at::Tensor>& inputs) {
+  if (inputs.size() != plan.inputs.size()) {
+    throw InputError("expected " + std::to_string(plan.inputs.size()) + " input tensor(s), got " +
+                     std::to_string(inputs.size()));
+  }
+  std::string problems;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const InputCheck& c = plan.inputs[i];
+    const at::Tensor& t = inputs[i];
+    std::string where = "input " + std::to_string(i) + " (" + c.name + "): ";
+    if (!t.defined()) {
+      problems += "\n  " + where + "expected a tensor, got an undefined tensor";
+      continue;
+    }
+    if (!c.has_meta) continue;
+    const TensorMeta& m = c.meta;
+    if (t.scalar_type() != m.dtype || t.device() != m.device || t.sizes() != c10::IntArrayRef(m.sizes)) {
+      problems += "\n  " + where + "expected " + m.str() + ", got " + describe_input(t);
+    }
+  }
+  if (!problems.empty()) throw InputError("inputs do not match the graph:" + problems);
+}
+
+}  // namespace
+
+Interpreter::Interpreter(const GraphModule& gm) : plan_(PlanBuilder(gm).build()) {}
+Interpreter::~Interpreter() = default;
+Interpreter::Interpreter(Interpreter&&) noexcept = default;
+Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
+
+size_t Interpreter::num_inputs() const { return plan_->inputs.size(); }
+size_t Interpreter::num_outputs() const { return plan_->outputs.size(); }
+
+std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs,
+                                              RunStats* stats) const {
+  const detail::InterpreterPlan& plan = *plan_;
+  check_inputs(plan, inputs);
+
+  std::vector<c10::IValue> values(plan.num_values);
+  std::vector<c10::IValue> stack;
+  stack.reserve(plan.max_args + 4);
+  size_t live = 0, peak = 0;
+
+  auto fetch = [&](const Slot& s, auto&& self) -> c10::IValue {
+    switch (s.kind) {
+      case Slot::Kind::Constant:
+        return s.constant;
+      case Slot::Kind::Value:
+        return values[s.index];
+      case Slot::Kind::Input:
+        return inputs[s.index];
+      case Slot::Kind::Attribute:
+        return plan.attributes[s.index];
+      case Slot::Kind::TensorList: {
+        c10::List<at::Tensor> l;
+        l.reserve(s.elements.size());
+        for (const Slot& e : s.elements) l.push_back(self(e, self).toTensor());
+        return l;
+      }
+      case Slot::Kind::OptionalTensorList: {
+        c10::List<c10::optional<at::Tensor>> l;
+        l.reserve(s.elements.size());
+        for (const Slot& e : s.elements) {
+          c10::IValue v = self(e, self);
+          l.push_back(v.isNone() ? c10::optional<at::Tensor>() : v.toTensor());
+        }
+        return l;
+      }
+    }
+    return c10::IValue();
+  };
+
+  for (const Instruction& ins : plan.instructions) {
+    for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
+    try {
+      ins.op.callBoxed(&stack);
+    } catch (const std::exception& e) {
+      const NodeInfo& info = plan.node_infos[ins.node_info];
+      std::string trace = info.stack_trace.str();
+      throw RuntimeError("while executing " + info.line +
+                         (trace.empty() ? std::string() : "\ncaptured at:\n" + trace) +
+                         "\n" + e.what());
+    }
+    if (ins.explode) {
+      c10::List<at::Tensor> list = stack.at(0).toTensorList();
+      if (static_cast<int32_t>(list.size()) != ins.num_outputs) {
+        throw RuntimeError("while executing " + plan.node_infos[ins.node_info].line + "\nit returned " +
+                           std::to_string(list.size()) + " tensors, the graph expects " +
+                           std::to_string(ins.num_outputs));
+      }
+      for (int32_t i = 0; i < ins.num_outputs; ++i) values[ins.out + i] = list.get(i);
+    } else {
+      for (int32_t i = 0; i < ins.num_outputs; ++i) values[ins.out + i] = std::move(stack[i]);
+    }
+    stack.clear();
+    live += ins.num_outputs;
+    peak = std::max(peak, live);
+    for (int32_t f : ins.frees) {
+      values[f] = c10::IValue();
+      --live;
+    }
+  }
+
+  std::vector<at::Tensor> out;
+  out.reserve(plan.outputs.size());
+  for (const Slot& s : plan.outputs) out.push_back(fetch(s, fetch).toTensor());
+  if (stats != nullptr) {
+    stats->nodes_executed = plan.instructions.size();
+    stats->peak_live_values = peak;
+  }
+  return out;
+}
+
+c10::IValue Interpreter::run(const std::vector<c10::IValue>& inputs, RunStats* stats) const {
+  const detail::InterpreterPlan& plan = *plan_;
+  std::vector<c10::IValue> leaves =
+      plan.in_spec.flatten_like(c10::ivalue::Tuple::create(inputs), "input");
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(leaves.size());
+  for (const c10::IValue& v : leaves) tensors.push_back(v.toTensor());
+  std::vector<at::Tensor> outs = run_flat(tensors, stats);
+  std::vector<c10::IValue> out_values(outs.begin(), outs.end());
+  return plan.out_spec.unflatten(out_values);
+}
+
+}  // namespace torchcap
