@@ -239,7 +239,7 @@ inline GraphModule attribute_zoo_module() {
   gm.set_attribute("dtypes.float32", f, AttributeKind::Buffer);
   gm.set_attribute("dtypes.float64", f.to(at::kDouble), AttributeKind::Buffer);
   gm.set_attribute("dtypes.float16", f.to(at::kHalf), AttributeKind::Buffer);
-  gm.set_attribute("dtypes.bfloat16", f.to(at::kBFloat16), AttributeKind::Buffer);
+  gm.set_attribute("dtypes.bf16", f.to(at::kBFloat16), AttributeKind::Buffer);
   at::Tensor i = at::randint(-100, 100, {7});
   gm.set_attribute("dtypes.int64", i, AttributeKind::Buffer);
   gm.set_attribute("dtypes.int32", i.to(at::kInt), AttributeKind::Buffer);
