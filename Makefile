@@ -2,6 +2,7 @@
 #
 #   make demo    trace the built-in ResNet-18 and show what was captured
 #   make test    install what is missing, build, run every test through ctest
+#   make fuzz    fuzz the file loader for FUZZ_SECONDS (default 300) with libFuzzer
 #
 # Each target installs missing Debian packages first (`make deps`), so a fresh
 # Debian 12 machine needs nothing else.
@@ -22,7 +23,7 @@ DEB_PACKAGES := \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo bench fuzz clean
 
 all: build
 
@@ -54,6 +55,20 @@ demo: build
 
 bench: build
 	$(BUILD_DIR)/torchcap_bench
+
+# libFuzzer over the loader: clang, AddressSanitizer, its own build directory.
+# Seeds are generated valid files; crashes land in $(FUZZ_DIR)/artifacts/.
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	cmake -S . -B $(FUZZ_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DTORCHCAP_BUILD_TESTS=OFF -DTORCHCAP_BUILD_FUZZERS=ON
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target load_fuzzer make_fuzz_seeds
+	mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/artifacts
+	$(FUZZ_DIR)/fuzz/make_fuzz_seeds $(FUZZ_DIR)/corpus
+	$(FUZZ_DIR)/fuzz/load_fuzzer -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	  -rss_limit_mb=2048 -malloc_limit_mb=512 -dict=fuzz/load.dict -print_final_stats=1 \
+	  -artifact_prefix=$(FUZZ_DIR)/artifacts/ $(FUZZ_DIR)/corpus
 
 clean:
 	rm -rf $(BUILD_DIR)

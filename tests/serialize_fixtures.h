@@ -134,7 +134,9 @@ inline GraphModule every_argument_module() {
   size_t i = 0;
   for (c10::ScalarType t : dtypes) {
     results.push_back(g.call_function(
-        "aten::zeros", {ArgumentList{2, 3}},
+        // Argument(...) spelled out: `{ArgumentList{2, 3}}` alone is one
+        // argument (a list) to GCC but copies the list (two arguments) in clang.
+        "aten::zeros", {Argument(ArgumentList{2, 3})},
         {{"dtype", t},
          {"layout", layouts[i % std::size(layouts)]},
          {"device", devices[i % std::size(devices)]},
