@@ -976,8 +976,19 @@ TEST(LoadRejects, SpecThatDoesNotMatchThePlaceholders) {
                                "tensors");
 }
 
-// Regression inputs found by the fuzzer (fuzz/load_fuzzer.cpp) are added below,
-// as text, each with the message it must give.
+// Regression inputs found by the fuzzer (fuzz/load_fuzzer.cpp), rebuilt as
+// text from the crashing files, each with the message it must give.
+
+// A number too large for a double made nlohmann::json throw out_of_range,
+// which is not a parse_error, and escaped the loader (crash-9b028953...).
+TEST(LoadRejects, FuzzNumberOverflow) {
+  TcgFile f = TcgFile::parse(valid());
+  size_t at = f.json.find("0.5");
+  ASSERT_NE(at, std::string::npos);
+  f.json.replace(at, 3, "1e999");
+  EXPECT_EQ(load_error(f.bytes()),
+            "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'");
+}
 
 }  // namespace
 }  // namespace torchcap

@@ -283,7 +283,8 @@ class _Reader:
         except UnicodeDecodeError as e:
             self.fail(self.json_offset + e.start, "the JSON section is not valid UTF-8")
         try:
-            doc = json.loads(text, parse_constant=self._reject_constant)
+            doc = json.loads(text, parse_constant=self._reject_constant,
+                             parse_float=self._parse_float)
         except json.JSONDecodeError as e:
             at = self.json_offset + len(text[: e.pos].encode("utf-8"))
             self.fail(at, f"the JSON section is not valid JSON: {e.msg}")
@@ -295,6 +296,14 @@ class _Reader:
         self.doc = doc
         self.check_keys(doc, ("nodes", "attributes", "tensors", "in_spec", "out_spec",
                               "signature"), self.json_offset, "")
+
+    def _parse_float(self, text):
+        # A number too large for a double: Python would read inf, C++ refuses.
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"{self.path}: byte {self.json_offset}: the JSON section is not "
+                             f"valid JSON: number overflow parsing '{text}'")
+        return value
 
     def _reject_constant(self, name):
         # Python's json accepts NaN and Infinity; JSON and the format do not.

@@ -286,8 +286,13 @@ class Reader {
     }
     try {
       doc_ = Json::parse(text, text + h_.json_size);
-    } catch (const Json::parse_error& e) {
-      uint64_t at = h_.json_offset + std::min<uint64_t>(e.byte > 0 ? e.byte - 1 : 0, h_.json_size);
+    } catch (const Json::exception& e) {
+      // Syntax errors know their byte; a number too large for a double
+      // (out_of_range) does not, and is reported at the section's start.
+      uint64_t at = h_.json_offset;
+      if (const auto* pe = dynamic_cast<const Json::parse_error*>(&e)) {
+        at += std::min<uint64_t>(pe->byte > 0 ? pe->byte - 1 : 0, h_.json_size);
+      }
       std::string what = e.what();
       size_t bracket = what.find("] ");
       if (bracket != std::string::npos) what = what.substr(bracket + 2);

@@ -154,7 +154,10 @@ def sections(data):
 
 
 def rebuild(doc, data):
-    text = json.dumps(doc, separators=(",", ":")).encode()
+    return rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data)
+
+
+def rebuild_text(text, data):
     data_offset = (64 + len(text) + 63) // 64 * 64
     header = HEADER.pack(b"\x89TCG\r\n\x1a\n", 1, 0, 64, data_offset + len(data), 64, len(text),
                          data_offset, len(data), 64, 0)
@@ -222,6 +225,13 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     first_node = 64 + bad[64:].index(b'{"name":"x"')
     assert error(tmp_path, bad).startswith(
         f"f.tcg: byte {first_node}: the JSON section is not valid JSON: ")
+
+    # Found by the fuzzer in the C++ loader: a number too large for a double.
+    doc, data = sections(good)
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    bad = rebuild_text(text.replace(b'"alpha",0.5', b'"alpha",1e999'), data)
+    assert error(tmp_path, bad) == (
+        "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'")
 
     # An attribute whose name torch.nn.Module uses for a method.
     doc, data = sections(good)
