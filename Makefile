@@ -54,6 +54,7 @@ demo: build
 	$(BUILD_DIR)/torchcap_demo
 
 bench: build
+	$(BUILD_DIR)/serialize_bench
 	$(BUILD_DIR)/torchcap_bench
 
 # libFuzzer over the loader: clang, AddressSanitizer, its own build directory.
