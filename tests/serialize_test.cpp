@@ -260,6 +260,19 @@ TEST(SerializeRoundTrip, StackTracesOfATracedGraph) {
   expect_same_module(gm, round_trip(gm));
 }
 
+// Nothing in the writer or the reader recurses over the graph's length.
+TEST(SerializeRoundTrip, GraphOf100000Nodes) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* last = g.placeholder("x");
+  for (int i = 0; i < 100000; ++i) last = g.call_function("aten::relu", {last});
+  g.output({last});
+  gm.set_flat_specs();
+  GraphModule loaded = round_trip(gm);
+  EXPECT_EQ(loaded.graph().size(), gm.graph().size());
+  EXPECT_EQ(loaded.graph().last()->prev()->name(), "relu_99999");
+}
+
 TEST(SerializeRoundTrip, EmptyGraph) {
   GraphModule gm;
   gm.graph().output({});
