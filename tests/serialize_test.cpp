@@ -903,13 +903,28 @@ TEST(LoadRejects, FiniteBitsWrittenAsString) {
                                "not inf, -inf, nan or the 0x bits of a NaN");
 }
 
+// Integer literals beyond int64_t: nlohmann::json would read 2^63 .. 2^64-1
+// as unsigned and anything larger, or below -2^63, as a double, so an int
+// argument would come back as a float. Reported at the literal.
 TEST(LoadRejects, IntegerOutOfRange) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][4]["args"][1] = std::numeric_limits<uint64_t>::max();
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 4) +
-                               "node %topk (nodes[4]): args[1]: integer 18446744073709551615 "
-                               "does not fit in 64 signed bits");
+  for (const char* literal : {"9223372036854775808", "18446744073709551615",
+                              "100000000000000000000", "-9223372036854775809"}) {
+    TcgFile f = TcgFile::parse(valid());
+    size_t at = f.json.find("{\"node\":\"add\"},2]");
+    ASSERT_NE(at, std::string::npos);
+    at += std::strlen("{\"node\":\"add\"},");
+    f.json.replace(at, 1, literal);
+    EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte " + std::to_string(64 + at) + ": integer " +
+                                         literal + " does not fit in 64 signed bits");
+  }
+  // The edges themselves load.
+  for (const char* literal : {"9223372036854775807", "-9223372036854775808", "-0", "00"}) {
+    TcgFile f = TcgFile::parse(valid());
+    size_t at = f.json.find("\"alpha\",0.5") + std::strlen("\"alpha\",");
+    f.json.replace(at, 3, literal);
+    std::string message = load_error(f.bytes());
+    EXPECT_EQ(message.find("does not fit"), std::string::npos) << literal << ": " << message;
+  }
 }
 
 TEST(LoadRejects, BadDevice) {
@@ -991,6 +1006,17 @@ TEST(LoadRejects, SpecThatDoesNotMatchThePlaceholders) {
 
 // Regression inputs found by the fuzzer (fuzz/load_fuzzer.cpp), rebuilt as
 // text from the crashing files, each with the message it must give.
+
+// nlohmann::json stops at a NUL byte as if the text ended there: a JSON size
+// damaged to reach over the padding into the data loaded, the rest ignored.
+// Found by running the Python loader over the fuzzer's corpus and comparing.
+TEST(LoadRejects, FuzzNulByteInTheJson) {
+  TcgFile f = TcgFile::parse(valid());
+  const size_t end = f.json.size();
+  f.json += std::string(3, '\0') + "\x80?garbage";
+  EXPECT_EQ(load_error(f.bytes()),
+            "f.tcg: byte " + std::to_string(64 + end) + ": the JSON section contains a NUL byte");
+}
 
 // A number too large for a double made nlohmann::json throw out_of_range,
 // which is not a parse_error, and escaped the loader (crash-9b028953...).

@@ -19,6 +19,7 @@ import math
 import mmap
 import operator
 import os
+import re
 import stat
 import struct
 
@@ -38,6 +39,7 @@ _ALIGNMENT = 64
 _MAX_DIMS = 64
 _MAX_JSON_SIZE = 1 << 30
 _INT64_MAX = (1 << 63) - 1
+_WORD = re.compile(r"\w+")
 
 # Dtypes whose tensors the data section holds, and the others an argument or
 # a value's metadata may name.
@@ -55,6 +57,11 @@ _STORABLE_DTYPES = {
     "complex128": torch.complex128,
     "bool": torch.bool,
     "bfloat16": torch.bfloat16,
+}
+# Element sizes, without making a tensor (complex32 warns when one is made).
+_ITEM_SIZES = {
+    "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4,
+    "float64": 8, "complex32": 4, "complex64": 8, "complex128": 16, "bool": 1, "bfloat16": 2,
 }
 _DTYPES = dict(
     _STORABLE_DTYPES,
@@ -213,6 +220,7 @@ class _Reader:
         self.buf = buf
         self.strict = True
         self._scan = None
+        self._big_integer = False
 
     # --- Errors ---------------------------------------------------------------
 
@@ -278,24 +286,37 @@ class _Reader:
 
     def read_json(self):
         raw = bytes(self.buf[self.json_offset : self.json_offset + self.json_size])
+        nul = raw.find(b"\0")
+        if nul >= 0:
+            self.fail(self.json_offset + nul, "the JSON section contains a NUL byte")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             self.fail(self.json_offset + e.start, "the JSON section is not valid UTF-8")
         try:
             doc = json.loads(text, parse_constant=self._reject_constant,
-                             parse_float=self._parse_float)
+                             parse_float=self._parse_float, parse_int=self._parse_int)
         except json.JSONDecodeError as e:
             at = self.json_offset + len(text[: e.pos].encode("utf-8"))
             self.fail(at, f"the JSON section is not valid JSON: {e.msg}")
         except RecursionError:
             self.fail(self.json_offset, "the JSON nests too deeply")
+        if self._big_integer:
+            # Where: the scan finds the first such literal, as the C++ reader's does.
+            at, literal = _first_big_integer(raw)
+            self.fail(self.json_offset + at, f"integer {literal} does not fit in 64 signed bits")
         if not isinstance(doc, dict):
             self.fail(self.json_offset, "the JSON section must hold an object, not "
                                         f"{_json_type(doc)}")
         self.doc = doc
         self.check_keys(doc, ("nodes", "attributes", "tensors", "in_spec", "out_spec",
                               "signature"), self.json_offset, "")
+
+    def _parse_int(self, text):
+        value = int(text)
+        if not -(1 << 63) <= value <= _INT64_MAX:
+            self._big_integer = True
+        return value
 
     def _parse_float(self, text):
         # A number too large for a double: Python would read inf, C++ refuses.
@@ -339,11 +360,10 @@ class _Reader:
     def integer(self, value, offset, label, minimum=-(1 << 63)):
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(offset, f"{label}expected an integer, got {_json_type(value)}")
-        if value > _INT64_MAX:
+        if not -(1 << 63) <= value <= _INT64_MAX:
             self.fail(offset, f"{label}integer {value} does not fit in 64 signed bits")
         if value < minimum:
-            what = "a non-negative integer" if minimum == 0 else "an integer in range"
-            self.fail(offset, f"{label}expected {what}, got {value}")
+            self.fail(offset, f"{label}expected a non-negative integer, got {value}")
         return value
 
     def dims(self, value, offset, label, non_negative):
@@ -420,7 +440,7 @@ class _Reader:
                                   label + "offset: ", 0)
             length = self.integer(self.member(entry, "length", t.offset, label), t.offset,
                                   label + "length: ", 0)
-            item = torch.empty((), dtype=dtype).element_size()
+            item = _ITEM_SIZES[dtype_name]
             if any(s == 0 for s in sizes):
                 span = 0
             else:
@@ -480,6 +500,11 @@ class _Reader:
             if not name or any(part == "" for part in name.split(".")):
                 self.fail(t.offset, label + "name: the name is not a dotted path of non-empty "
                                             "parts")
+            # torch.fx writes the parts into generated source, quoted but not
+            # escaped (getattr(self, "0")): only word characters are safe there.
+            if not all(_WORD.fullmatch(part) for part in name.split(".")):
+                self.fail(t.offset, label + "name: Python code cannot name it (a part is not "
+                                            "made of letters, digits and underscores)")
             if name in names:
                 self.fail(t.offset, label + "name: a second attribute has this name")
             names.add(name)
@@ -536,10 +561,26 @@ class _Reader:
             self.fail(offset, f"{label}'{target}' is not a qualified operator name; expected "
                               "namespace::name[.overload], e.g. aten::add.Tensor")
         name, _, overload = rest.partition(".")
-        try:
-            return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
-        except (AttributeError, RuntimeError):
+        op = None
+        # The default overload is written without a name ("aten::addmm"), as
+        # LibTorch names it; "aten::addmm.default" is not an operator name.
+        if overload != "default":
+            try:
+                op = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+            except (AttributeError, RuntimeError):
+                pass
+        # getattr also finds Python attributes of the packet (__call__, ...).
+        if not isinstance(op, torch._ops.OpOverload):
             self.fail(offset, f"{label}call_function: no operator {target} is registered")
+        return op
+
+    def check_kwargs(self, op, target, kwargs, offset, label):
+        # Keyword names end up in generated source: only the schema's own names
+        # may get there (the C++ loader checks the whole schema).
+        names = {a.name for a in op._schema.arguments}
+        for k in kwargs:
+            if k not in names:
+                self.fail(offset, f"{label}{target} has no argument named '{k}'")
 
     def meta(self, node, value, offset, label):
         self.expect(value, "object", offset, label)
@@ -643,11 +684,14 @@ class _Reader:
                                          name=name)
             elif op == "call_function":
                 fn = self.operator(target, t.offset, label)
+                self.check_kwargs(fn, target, kwargs, t.offset, label)
                 node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
             elif op == "output":
                 if len(args) != 1 or not isinstance(args[0], list) or kwargs:
                     self.fail(t.offset, label + "args: the output takes one argument, the list "
                                                 "of results")
+                if target != "output":
+                    self.fail(t.offset, label + "target: the output's target is 'output'")
                 if not all(isinstance(a, torch.fx.Node) for a in args[0]):
                     self.fail(t.offset, label + "the results must be nodes")
                 node = output = graph.output(args[0])
@@ -887,6 +931,19 @@ def _scan_json(text):
         elif c == 0x3A and depth == 1:
             want_value = True
     return values, elements
+
+
+_NUMBER = re.compile(rb'"(?:[^"\\]|\\.)*"|(-?[0-9][0-9.eE+-]*)')
+
+
+def _first_big_integer(text):
+    """(offset, literal) of the first integer literal outside int64's range."""
+    for m in _NUMBER.finditer(text):
+        token = m.group(1)
+        if token is not None and not any(c in token for c in b".eE"):
+            if not -(1 << 63) <= int(token) <= _INT64_MAX:
+                return m.start(1), token.decode()
+    return 0, "?"
 
 
 def load(path):

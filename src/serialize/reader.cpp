@@ -280,6 +280,13 @@ class Reader {
   void parse_json() {
     const char* text = reinterpret_cast<const char*>(bytes_->data() + h_.json_offset);
     scan_ = format::scan_json(text, h_.json_size, format::kMaxJsonDepth);
+    if (scan_.nul) {
+      fail_at(h_.json_offset + scan_.nul_at, "the JSON section contains a NUL byte");
+    }
+    if (scan_.big_integer) {
+      fail_at(h_.json_offset + scan_.big_integer_at,
+              "integer " + scan_.big_integer_text + " does not fit in 64 signed bits");
+    }
     if (scan_.too_deep) {
       fail_at(h_.json_offset + scan_.too_deep_at,
               "the JSON nests deeper than " + std::to_string(format::kMaxJsonDepth) + " levels");

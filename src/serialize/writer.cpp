@@ -7,6 +7,7 @@
 #include "serialize/utf8.h"
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
@@ -241,6 +242,7 @@ class Writer {
 
     json_ = doc.dump();
     format::JsonScan scan = format::scan_json(json_.data(), json_.size(), format::kMaxJsonDepth);
+    TORCH_INTERNAL_ASSERT(!scan.nul, "nlohmann::json wrote a raw NUL byte");
     if (scan.too_deep) {
       fail("the graph's argument lists or specs nest deeper than the format allows (" +
            std::to_string(format::kMaxJsonDepth) + " JSON levels)");

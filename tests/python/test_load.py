@@ -233,6 +233,47 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     assert error(tmp_path, bad) == (
         "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'")
 
+    # Integers beyond int64 (the C++ parser would read them as other kinds).
+    for literal in (b"9223372036854775808", b"-9223372036854775809", b"100000000000000000000"):
+        bad = rebuild_text(text.replace(b'{"node":"add"},2]', b'{"node":"add"},' + literal + b"]"),
+                           data)
+        at = 64 + bad[64:].index(b'{"node":"add"},' + literal) + len(b'{"node":"add"},')
+        assert error(tmp_path, bad) == (
+            f"f.tcg: byte {at}: integer {literal.decode()} does not fit in 64 signed bits")
+
+    # JSON followed by NUL bytes and data (the C++ loader's parser stopped at
+    # the NUL and ignored the rest): both loaders refuse it.
+    bad = rebuild_text(text + b"\0\0\x80?garbage", data)
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {64 + len(text)}: the JSON section contains a NUL byte")
+
+    # The output node's target is "output".
+    doc, data = sections(good)
+    doc["nodes"][7]["target"] = "out"
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"output"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %output (nodes[7]): target: the output's target is "
+        "'output'")
+
+    # Keyword names must be the operator's (they are written into Python code).
+    doc, data = sections(good)
+    doc["nodes"][3]["kwargs"] = [["alpha=1, other", 2]]
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): aten::add.Tensor has no argument named "
+        "'alpha=1, other'")
+
+    # Attribute names torch.fx would write into code unescaped.
+    doc, data = sections(good)
+    doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = 'w")'
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"w\\")"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: attribute 'w\")' (attributes[0]): name: Python code cannot "
+        "name it (a part is not made of letters, digits and underscores)")
+
     # An attribute whose name torch.nn.Module uses for a method.
     doc, data = sections(good)
     doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = "cuda"
