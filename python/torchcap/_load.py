@@ -774,8 +774,8 @@ class _Reader:
         in_spec = self.spec(self.top("in_spec"), spec_at("in_spec"), "'in_spec': ")
         out_spec = self.spec(self.top("out_spec"), spec_at("out_spec"), "'out_spec': ")
         signature = self.doc.get("signature")
-        if signature is not None and not isinstance(signature, dict):
-            self.fail(self.json_offset, "'signature': 'signature' must be an object")
+        if "signature" in self.doc:
+            self.expect(signature, "object", self.json_offset, "'signature': ")
 
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         if in_spec.num_leaves != len(placeholders):

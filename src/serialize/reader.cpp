@@ -163,8 +163,8 @@ class Reader {
     gm.in_spec = read_spec(top_member("in_spec"), top_where("in_spec"), Path{});
     gm.out_spec = read_spec(top_member("out_spec"), top_where("out_spec"), Path{});
     // Reserved for the graph signature a later 1.x adds: an object, not read yet.
-    if (auto it = doc_.find("signature"); it != doc_.end() && !it->is_object()) {
-      fail(top_where("signature"), Path{}, "'signature' must be an object");
+    if (auto it = doc_.find("signature"); it != doc_.end()) {
+      object(*it, top_where("signature"), Path{});
     }
     for (const PendingAttribute& a : attributes_) {
       gm.set_attribute(a.name, a.tensor < 0 ? at::Tensor() : tensors_[a.tensor], a.kind);
