@@ -59,17 +59,19 @@ bench: build
 
 # libFuzzer over the loader: clang, AddressSanitizer, its own build directory.
 # Seeds are generated valid files; crashes land in $(FUZZ_DIR)/artifacts/.
+# Then the corpus goes to the Python loader too, whose verdicts must agree.
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 300
 fuzz: deps
 	cmake -S . -B $(FUZZ_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_CXX_COMPILER=clang++ -DTORCHCAP_BUILD_TESTS=OFF -DTORCHCAP_BUILD_FUZZERS=ON
-	cmake --build $(FUZZ_DIR) -j $(JOBS) --target load_fuzzer make_fuzz_seeds
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target load_fuzzer make_fuzz_seeds load_files
 	mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/artifacts
 	$(FUZZ_DIR)/fuzz/make_fuzz_seeds $(FUZZ_DIR)/corpus
 	$(FUZZ_DIR)/fuzz/load_fuzzer -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
 	  -rss_limit_mb=2048 -malloc_limit_mb=512 -dict=fuzz/load.dict -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_DIR)/artifacts/ $(FUZZ_DIR)/corpus
+	/usr/bin/python3 fuzz/compare_loaders.py $(FUZZ_DIR)/fuzz/load_files $(FUZZ_DIR)/corpus
 
 clean:
 	rm -rf $(BUILD_DIR)
