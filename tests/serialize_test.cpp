@@ -273,6 +273,28 @@ TEST(SerializeRoundTrip, GraphOf100000Nodes) {
   EXPECT_EQ(loaded.graph().last()->prev()->name(), "relu_99999");
 }
 
+// Wide nodes: one value read by 50,000 nodes, and a cat of 50,000 values (each
+// twice). Loading builds and lints them in linear time; the inputs of the cat
+// are the distinct values, in order of first appearance.
+TEST(SerializeRoundTrip, WideFanOutAndFanIn) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  ArgumentList values;
+  for (int i = 0; i < 50000; ++i) values.push_back(g.call_function("aten::relu", {x}));
+  ArgumentList twice = values;
+  twice.insert(twice.end(), values.begin(), values.end());
+  Node* cat = g.call_function("aten::cat", {Argument(twice)});
+  g.output({cat});
+  gm.set_flat_specs();
+  ASSERT_EQ(cat->inputs().size(), 50000u);
+  GraphModule loaded = round_trip(gm);
+  Node* loaded_cat = loaded.graph().output_node()->prev();
+  ASSERT_EQ(loaded_cat->inputs().size(), 50000u);
+  EXPECT_EQ(loaded_cat->inputs()[17]->name(), "relu_17");
+  EXPECT_EQ(loaded.graph().first()->users().size(), 50000u);
+}
+
 TEST(SerializeRoundTrip, EmptyGraph) {
   GraphModule gm;
   gm.graph().output({});
