@@ -10,7 +10,6 @@ cannot hold what C++ can (attribute names; docs/FORMAT.md, "Python").
 """
 
 import collections
-import os
 import pathlib
 import subprocess
 import sys

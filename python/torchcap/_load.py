@@ -585,8 +585,8 @@ class _Reader:
     def meta(self, node, value, offset, label):
         self.expect(value, "object", offset, label)
         self.check_keys(value, ("val", "stack_trace"), offset, label)
-        val = value.get("val")
-        if val is not None:
+        if "val" in value:
+            val = value["val"]
             vlabel = label[:-2] + ".val: "
             self.expect(val, "object", offset, vlabel)
             kind = self.expect(self.member(val, "kind", offset, vlabel), "string", offset, vlabel)
@@ -614,8 +614,8 @@ class _Reader:
                 node.meta["tensor_meta"] = metas[0]
             elif kind in ("tuple", "list"):
                 node.meta["tensor_meta"] = tuple(metas) if kind == "tuple" else metas
-        frames = value.get("stack_trace")
-        if frames is not None:
+        if "stack_trace" in value:
+            frames = value["stack_trace"]
             flabel = label[:-2] + ".stack_trace: "
             self.expect(frames, "array", offset, flabel)
             lines = []
