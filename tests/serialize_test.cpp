@@ -980,6 +980,16 @@ TEST(LoadRejects, StackFrameWithANegativeLine) {
                                "non-negative integer, got -1");
 }
 
+TEST(LoadRejects, StackFrameLineBeyondInt) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][3]["meta"]["stack_trace"] =
+        Json::array({{{"file", "a.cpp"}, {"line", int64_t{1} << 31}, {"function", "f"}}});
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): meta.stack_trace[0].line: line number too "
+                               "large");
+}
+
 TEST(LoadRejects, OutputReturningANonTensor) {
   std::string b = with_json(valid(), [](Json& d) {
     d["nodes"][7]["args"][0][0] = {{"node", "topk"}};

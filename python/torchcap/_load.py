@@ -625,6 +625,8 @@ class _Reader:
                 file = self.expect(self.member(f, "file", offset, fl), "string", offset, fl)
                 line = self.integer(self.member(f, "line", offset, fl), offset,
                                     fl[:-2] + ".line: ", 0)
+                if line > 2**31 - 1:  # the C++ side holds it in an int
+                    self.fail(offset, fl[:-2] + ".line: line number too large")
                 function = self.expect(self.member(f, "function", offset, fl), "string", offset,
                                        fl)
                 lines.append(f'  File "{file}", line {line}, in {function}\n')

@@ -247,6 +247,15 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {64 + len(text)}: the JSON section contains a NUL byte")
 
+    # A stack frame's line beyond what C++ holds (found by compare_loaders.py).
+    doc, data = sections(good)
+    doc["nodes"][3]["meta"] = {"stack_trace": [{"file": "a.cpp", "line": 2**31, "function": "f"}]}
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0].line: line number "
+        "too large")
+
     # The output node's target is "output".
     doc, data = sections(good)
     doc["nodes"][7]["target"] = "out"
