@@ -251,10 +251,13 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
     if (is_immutable_tensor(v)) {
       TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
       Node* n = w->node() != nullptr ? w->node() : w->source();
+      std::string what = n == nullptr ? "a graph input or a view of one"
+                         : n->op() == OpCode::Placeholder
+                             ? "graph input %" + n->name()
+                             : "%" + n->name() + ", a view of a graph input";
       throw TraceError("Immutable tensor `" + params[i].name() +
-                       "` is potentially getting modified by " + schema_str(schema) +
-                       ": it is a graph input" + (n ? " (%" + n->name() + ")" : std::string()) +
-                       " or a view of one, which a graph may not modify. Clone it first.");
+                       "` is potentially getting modified by " + schema_str(schema) + ": it is " +
+                       what + ", which a graph may not modify. Clone it first.");
     }
   }
 
