@@ -5,6 +5,7 @@
 
 #include "graph/schema_check.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/jit_type.h>
 
@@ -208,6 +209,38 @@ class PlanBuilder {
     return s;
   }
 
+  // A view of attributes only (`t(weight)`) is computed once, here: it
+  // aliases the attribute's memory, so it stays right even when the graph
+  // updates the attribute in place.
+  bool fold_view(detail::InterpreterPlan& plan, const Node& n, const Instruction& ins) {
+    const c10::FunctionSchema& schema = n.schema();
+    if (schema.returns().size() != 1 || detail::produces(n) != detail::Produces::Tensor) return false;
+    const c10::AliasInfo* ret = schema.returns()[0].alias_info();
+    if (ret == nullptr || ret->isWrite()) return false;
+    for (const c10::Argument& a : schema.arguments()) {
+      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return false;
+    }
+    bool reads_attribute = false;
+    for (const Slot& s : ins.args) {
+      if (s.kind == Slot::Kind::Attribute) {
+        reads_attribute = true;
+      } else if (s.kind != Slot::Kind::Constant) {
+        return false;
+      }
+    }
+    if (!reads_attribute) return false;
+    std::vector<c10::IValue> stack;
+    for (const Slot& s : ins.args) {
+      stack.push_back(s.kind == Slot::Kind::Attribute ? c10::IValue(plan.attributes[s.index])
+                                                      : s.constant);
+    }
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ins.op.callBoxed(&stack);
+    where_[&n] = {Slot::Kind::Attribute, static_cast<int32_t>(plan.attributes.size())};
+    plan.attributes.push_back(stack.at(0).toTensor());
+    return true;
+  }
+
   void call(detail::InterpreterPlan& plan, const Node& n) {
     Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
     const c10::FunctionSchema& schema = n.schema();
@@ -224,6 +257,7 @@ class PlanBuilder {
         ins.args.push_back(std::move(s));
       }
     }
+    if (fold_view(plan, n, ins)) return;
     const ValueMeta& val = n.meta().val;
     switch (detail::produces(n)) {
       case detail::Produces::Tensor:
@@ -340,6 +374,13 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
                                               RunStats* stats) const {
   const detail::InterpreterPlan& plan = *plan_;
   check_inputs(plan, inputs);
+  // Note [The interpreter runs below autograd]
+  // A graph is an inference program: it was recorded without autograd and
+  // runs without it, skipping the autograd and view-tracking dispatch layers
+  // (as autograd's own kernels do) rather than paying for them under no-grad.
+  // Results carry no autograd history, like results computed under
+  // NoGradGuard, and are ordinary (not inference) tensors.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
 
   std::vector<c10::IValue> values(plan.num_values);
   std::vector<c10::IValue> stack;
