@@ -169,6 +169,24 @@ TEST(InPlace, OutVariantRebindsItsOutArgument) {
   EXPECT_EQ(mul->args()[0].to_node(), sin);
 }
 
+TEST(Arguments, TensorListsAndOptionalTensorListsAreUnwrappedAndRecorded) {
+  auto program = [](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor idx = in[1].toTensor();
+    at::Tensor picked = x.index({idx});                      // Tensor?[] indices
+    at::Tensor joined = at::cat({picked, x.slice(0, 0, 1)});  // Tensor[]
+    return c10::IValue(at::stack({joined, joined * 2}));
+  };
+  IValues in = {at::randn({4, 3}), at::tensor({2, 0}, at::kLong)};
+  GraphModule gm = trace(program, in);
+  gm.lint();
+  EXPECT_EQ(count_target(gm, "aten::index.Tensor"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::cat"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::stack"), 1u);
+  IValues fresh = {at::randn({4, 3}), at::tensor({3, 1}, at::kLong)};
+  EXPECT_LE(examples::max_abs_diff(Interpreter(gm).run(fresh), program(fresh)), 1e-6);
+}
+
 // --- Parameters and constants -----------------------------------------------
 
 TEST(ParameterCache, TiedWeightsAreOneAttribute) {
