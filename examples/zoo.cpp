@@ -217,6 +217,11 @@ GraphModule trace(Example& e, const TraceOptions& options, std::vector<c10::IVal
   return torchcap::trace(e.forward, inputs, options, outputs);
 }
 
+void freeze(Example& e) {
+  if (!e.module) return;
+  for (auto& p : e.module->parameters()) p.set_requires_grad(false);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> named_buffers(const Example& e) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (!e.module) return out;

@@ -42,6 +42,10 @@ Example make(const std::string& name);
 GraphModule trace(Example& e, const TraceOptions& options = {},
                   std::vector<c10::IValue> inputs = {}, c10::IValue* outputs = nullptr);
 
+// Turns off requires_grad on the module's parameters (for tools, such as
+// LibTorch's own tracer, that refuse tensors requiring grad as constants).
+void freeze(Example& e);
+
 // The module's buffers by qualified name (none for plain functions).
 std::vector<std::pair<std::string, at::Tensor>> named_buffers(const Example& e);
 

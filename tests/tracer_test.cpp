@@ -51,25 +51,464 @@ TEST_P(Zoo, TracesLintsAndReRunsLikeEager) {
   // What the trace computed is what the program computes.
   EXPECT_LE(examples::max_abs_diff(trace_outputs, eager.forward(eager.make_inputs(0))), 1e-5);
 
-  // The graph on fresh inputs, against the program on the same inputs.
-  examples::Example fresh = examples::make(name);
-  IValues inputs = fresh.make_inputs(1);
-  c10::IValue expected = fresh.forward(inputs);
-  Interpreter interp(gm);
-  c10::IValue actual = interp.run(inputs);
-  EXPECT_LE(examples::max_abs_diff(actual, expected), 1e-5) << name;
-
-  // Buffers written by the program (BatchNorm in train mode) end as they do
-  // after running the program: the graph started from the values before the
-  // trace.
-  for (const auto& [buffer, value] : examples::named_buffers(fresh)) {
-    if (!gm.has_attribute(buffer)) continue;  // never read by the graph
-    EXPECT_TRUE(at::allclose(gm.attribute(buffer).value, value, 1e-5, 1e-6)) << buffer;
-  }
+  // Re-running the graph on the trace's inputs gives the trace's result.
+  // (interpreter_test runs every graph on fresh inputs.)
+  c10::IValue again = Interpreter(gm).run(traced.make_inputs(0));
+  EXPECT_LE(examples::max_abs_diff(again, trace_outputs), 1e-5) << name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, Zoo, ::testing::ValuesIn(examples::names()),
                          [](const auto& info) { return info.param; });
+
+class SmallGraphs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SmallGraphs, MatchGolden) {
+  examples::Example e = examples::make(GetParam());
+  GraphModule gm = examples::trace(e);
+  testing::expect_golden("trace_" + GetParam() + ".txt", gm.str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, SmallGraphs,
+                         ::testing::Values("mlp", "cnn_bn_train", "tied_weights", "inplace_ops",
+                                           "multi_output", "factories", "nested_io"),
+                         [](const auto& info) { return info.param; });
+
+// --- Immutability and in-place operators ------------------------------------
+
+TEST(Immutability, InPlaceWriteToAnInputIsRefusedBeforeItRuns) {
+  at::Tensor x = at::ones({2, 2});
+  std::string message = trace_error([&] {
+    trace([](IValues in) { return c10::IValue(in[0].toTensor().add_(1)); }, {x});
+  });
+  EXPECT_EQ(message,
+            "Immutable tensor `self` is potentially getting modified by aten::add_.Scalar(Tensor(a!) "
+            "self, Scalar other, Scalar alpha=1) -> Tensor(a!): it is graph input %ph_0, which a "
+            "graph may not modify. Clone it first.");
+  EXPECT_TRUE(at::equal(x, at::ones({2, 2})));  // untouched
+}
+
+TEST(Immutability, OutArgumentThatIsAnInputIsRefused) {
+  at::Tensor x = at::ones({3});
+  at::Tensor out = at::zeros({3});
+  std::string message = trace_error([&] {
+    trace([](IValues in) {
+      at::Tensor o = in[1].toTensor();
+      at::neg_out(o, in[0].toTensor());
+      return c10::IValue(o);
+    }, {x, out});
+  });
+  EXPECT_EQ(message,
+            "Immutable tensor `out` is potentially getting modified by aten::neg.out(Tensor self, *, "
+            "Tensor(a!) out) -> Tensor(a!): it is graph input %ph_1, which a graph may not modify. "
+            "Clone it first.");
+  EXPECT_TRUE(at::equal(out, at::zeros({3})));
+}
+
+TEST(Immutability, WriteThroughAViewOfAnInputIsRefused) {
+  at::Tensor x = at::ones({2, 3});
+  std::string message = trace_error([&] {
+    trace([](IValues in) { return c10::IValue(in[0].toTensor().view({-1}).mul_(2)); }, {x});
+  });
+  EXPECT_EQ(message,
+            "Immutable tensor `self` is potentially getting modified by aten::mul_.Scalar(Tensor(a!) "
+            "self, Scalar other) -> Tensor(a!): it is %view, a view of a graph input, which a graph "
+            "may not modify. Clone it first.");
+  EXPECT_TRUE(at::equal(x, at::ones({2, 3})));
+}
+
+TEST(Immutability, BatchNormRunningStatsThatAreInputsAreRefused) {
+  at::Tensor x = at::randn({4, 3});
+  at::Tensor mean = at::zeros({3});
+  at::Tensor var = at::ones({3});
+  std::string message = trace_error([&] {
+    trace([](IValues in) {
+      return c10::IValue(at::batch_norm(in[0].toTensor(), {}, {}, in[1].toTensor(),
+                                        in[2].toTensor(), /*training=*/true, 0.1, 1e-5, false));
+    }, {x, mean, var});
+  });
+  EXPECT_NE(message.find("Immutable tensor `running_mean`"), std::string::npos) << message;
+  EXPECT_TRUE(at::equal(mean, at::zeros({3})));
+}
+
+TEST(InPlace, WritesToIntermediatesRebindTheirProxies) {
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor y = in[0].toTensor().clone();
+    y.add_(1);
+    y.mul_(3);
+    return c10::IValue(y.relu());
+  }, {at::randn({4})});
+  Node* add = gm.graph().find("add_");
+  Node* mul = gm.graph().find("mul_");
+  Node* relu = gm.graph().find("relu");
+  ASSERT_TRUE(add && mul && relu);
+  EXPECT_EQ(mul->args()[0].to_node(), add);   // mul_ reads add_'s result
+  EXPECT_EQ(relu->args()[0].to_node(), mul);  // relu reads mul_'s result
+  EXPECT_EQ(gm.graph().output_node()->args()[0].to_list()[0].to_node(), relu);
+}
+
+TEST(InPlace, ReturnsTheSameTensorObject) {
+  trace([](IValues in) {
+    at::Tensor y = in[0].toTensor().clone();
+    at::Tensor& r = y.add_(1);
+    EXPECT_TRUE(r.is_same(y));
+    EXPECT_TRUE(is_tracing_tensor(y));
+    return c10::IValue(y);
+  }, {at::randn({2})});
+}
+
+TEST(InPlace, OutVariantRebindsItsOutArgument) {
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor buf = at::empty({3});
+    at::sin_out(buf, in[0].toTensor());
+    return c10::IValue(buf * 2);
+  }, {at::randn({3})});
+  Node* sin = gm.graph().find("sin");
+  Node* mul = gm.graph().find("mul");
+  ASSERT_TRUE(sin && mul);
+  EXPECT_EQ(sin->target(), "aten::sin.out");
+  EXPECT_EQ(mul->args()[0].to_node(), sin);
+}
+
+TEST(Arguments, TensorListsAndOptionalTensorListsAreUnwrappedAndRecorded) {
+  auto program = [](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor idx = in[1].toTensor();
+    at::Tensor picked = x.index({idx});                      // Tensor?[] indices
+    at::Tensor joined = at::cat({picked, x.slice(0, 0, 1)});  // Tensor[]
+    return c10::IValue(at::stack({joined, joined * 2}));
+  };
+  IValues in = {at::randn({4, 3}), at::tensor({2, 0}, at::kLong)};
+  GraphModule gm = trace(program, in);
+  gm.lint();
+  EXPECT_EQ(count_target(gm, "aten::index.Tensor"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::cat"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::stack"), 1u);
+  IValues fresh = {at::randn({4, 3}), at::tensor({3, 1}, at::kLong)};
+  EXPECT_LE(examples::max_abs_diff(Interpreter(gm).run(fresh), program(fresh)), 1e-6);
+}
+
+// --- Parameters and constants -----------------------------------------------
+
+TEST(ParameterCache, TiedWeightsAreOneAttribute) {
+  examples::Example e = examples::make("tied_weights");
+  GraphModule gm = examples::trace(e);
+  EXPECT_EQ(count_target(gm, "embed.weight"), 1u);
+  EXPECT_EQ(count_target(gm, "proj.weight"), 0u);  // the same tensor: first name wins
+  EXPECT_TRUE(gm.has_attribute("embed.weight"));
+  EXPECT_FALSE(gm.has_attribute("proj.weight"));
+}
+
+TEST(ParameterCache, OneParameterUsedThreeTimesIsOneGetAttr) {
+  examples::Example e = examples::make("tied_weights");
+  GraphModule gm = examples::trace(e);
+  EXPECT_EQ(count_target(gm, "shift"), 1u);
+  Node* shift = gm.graph().find("shift");
+  ASSERT_NE(shift, nullptr);
+  EXPECT_EQ(shift->users().size(), 3u);
+  EXPECT_EQ(gm.attribute("shift").kind, AttributeKind::Parameter);
+}
+
+TEST(Constants, AreLiftedOnceByIdentityAndKeptAlive) {
+  GraphModule gm;
+  {
+    at::Tensor c = at::arange(4, at::kFloat);
+    at::Tensor d = at::arange(4, at::kFloat);  // equal values, another tensor
+    gm = trace([&](IValues in) {
+      at::Tensor x = in[0].toTensor();
+      return c10::IValue(x * c + c + d);
+    }, {at::ones({4})});
+  }  // c and d go out of scope: the GraphModule keeps them
+  EXPECT_EQ(count_target(gm, "_tensor_constant0"), 1u);
+  EXPECT_EQ(count_target(gm, "_tensor_constant1"), 1u);
+  EXPECT_EQ(gm.attributes().size(), 2u);
+  EXPECT_EQ(gm.attribute("_tensor_constant0").kind, AttributeKind::Constant);
+  c10::IValue out = Interpreter(gm).run({at::full({4}, 2.0)});
+  EXPECT_TRUE(at::allclose(out.toTensor(), at::arange(4, at::kFloat) * 4));
+}
+
+TEST(Constants, FactoriesInsideForwardAreRecorded) {
+  GraphModule gm = trace([](IValues in) {
+    return c10::IValue(in[0].toTensor() + at::ones({2}) + at::zeros({2}).t());
+  }, {at::ones({2})});
+  EXPECT_EQ(count_target(gm, "aten::ones"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::zeros"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::t"), 1u);
+  EXPECT_TRUE(gm.attributes().empty());
+}
+
+// --- Decomposition control ---------------------------------------------------
+
+c10::IValue linear_and_layer_norm(IValues in) {
+  at::Tensor x = in[0].toTensor();
+  at::Tensor y = at::linear(x, in[1].toTensor(), in[2].toTensor());
+  return at::layer_norm(y, {4});
+}
+
+IValues linear_inputs() { return {at::randn({3, 5}), at::randn({4, 5}), at::randn({4})}; }
+
+TEST(Preserve, InferenceModeKeepsLinearAndLayerNormWhole) {
+  TraceOptions options;
+  options.inference_mode = true;
+  GraphModule gm = trace(linear_and_layer_norm, linear_inputs(), options);
+  EXPECT_EQ(count_target(gm, "aten::linear"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::layer_norm"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::addmm"), 0u);
+  EXPECT_EQ(count_target(gm, "aten::native_layer_norm"), 0u);
+  gm.lint();
+}
+
+TEST(Preserve, WithoutInferenceModeTheyDecompose) {
+  GraphModule gm = trace(linear_and_layer_norm, linear_inputs());
+  EXPECT_EQ(count_target(gm, "aten::linear"), 0u);
+  EXPECT_EQ(count_target(gm, "aten::layer_norm"), 0u);
+  EXPECT_EQ(count_target(gm, "aten::addmm"), 1u);
+  EXPECT_EQ(count_target(gm, "aten::native_layer_norm"), 1u);
+}
+
+TEST(Preserve, AnEmptySetDecomposesUnderInferenceModeToo) {
+  TraceOptions options;
+  options.inference_mode = true;
+  options.preserve = std::vector<std::string>{};
+  GraphModule gm = trace(linear_and_layer_norm, linear_inputs(), options);
+  EXPECT_EQ(count_target(gm, "aten::linear"), 0u);
+  EXPECT_EQ(count_target(gm, "aten::layer_norm"), 0u);
+  EXPECT_EQ(count_target(gm, "aten::native_layer_norm"), 1u);
+  // And the graph computes the same thing.
+  IValues in = linear_inputs();
+  EXPECT_LE(examples::max_abs_diff(Interpreter(gm).run(in), linear_and_layer_norm(in)), 1e-5);
+}
+
+TEST(Preserve, ACustomSetUnderAnOuterInferenceMode) {
+  TraceOptions options;
+  options.preserve = std::vector<std::string>{"aten::layer_norm"};
+  c10::InferenceMode guard;
+  GraphModule gm = trace(linear_and_layer_norm, linear_inputs(), options);
+  EXPECT_EQ(count_target(gm, "aten::linear"), 0u);
+  EXPECT_EQ(count_target(gm, "aten::layer_norm"), 1u);
+}
+
+TEST(Preserve, UnknownOperatorsAreRejected) {
+  TraceOptions options;
+  options.preserve = std::vector<std::string>{"aten::lnear"};
+  EXPECT_EQ(trace_error([&] { trace(linear_and_layer_norm, linear_inputs(), options); }),
+            "TraceOptions::preserve: 'aten::lnear' is not a registered operator (expected e.g. "
+            "aten::linear)");
+}
+
+// --- Stack traces ------------------------------------------------------------
+
+TEST(StackTraces, NameTheUsersFileAndLine) {
+  int line = 0;
+  GraphModule gm = trace([&line](IValues in) {
+    line = __LINE__ + 1;
+    at::Tensor y = at::sigmoid(in[0].toTensor());
+    return c10::IValue(y);
+  }, {at::randn({2})});
+  Node* sigmoid = gm.graph().find("sigmoid");
+  ASSERT_NE(sigmoid, nullptr);
+  const auto& frames = sigmoid->meta().stack_trace.frames();
+  ASSERT_FALSE(frames.empty());
+  bool found = false;
+  for (const SourceFrame& f : frames) {
+    found = found || (f.file.find("tracer_test.cpp") != std::string::npos && f.line == line);
+    EXPECT_EQ(f.file.find("/src/"), std::string::npos) << f.file;
+    EXPECT_EQ(f.file.find("include/torchcap"), std::string::npos) << f.file;
+    EXPECT_EQ(f.function.rfind("torchcap::detail", 0), std::string::npos) << f.function;
+    EXPECT_EQ(f.function.rfind("torchcap::trace", 0), std::string::npos) << f.function;
+  }
+  EXPECT_TRUE(found) << sigmoid->meta().stack_trace.str();
+  EXPECT_EQ(frames.front().file.find("tracer_test.cpp") != std::string::npos, true);
+}
+
+TEST(StackTraces, NameTheModelsSourceInsideModules) {
+  examples::Example e = examples::make("mlp");
+  GraphModule gm = examples::trace(e);
+  Node* relu = gm.graph().find("relu");
+  ASSERT_NE(relu, nullptr);
+  ASSERT_FALSE(relu->meta().stack_trace.frames().empty());
+  EXPECT_NE(relu->meta().stack_trace.frames().front().file.find("models.cpp"), std::string::npos)
+      << relu->meta().stack_trace.str();
+}
+
+TEST(StackTraces, CanBeTurnedOff) {
+  TraceOptions options;
+  options.record_stack_traces = false;
+  GraphModule gm = trace([](IValues in) { return c10::IValue(in[0].toTensor().exp()); },
+                         {at::randn({2})}, options);
+  EXPECT_TRUE(gm.graph().find("exp")->meta().stack_trace.empty());
+}
+
+// --- Threads -----------------------------------------------------------------
+
+TEST(Threads, ConcurrentTracesMatchTracesAlone) {
+  const std::vector<std::string> models = {"mlp", "cnn_bn_eval", "multi_output", "nested_io"};
+  std::vector<std::string> alone;
+  for (const std::string& m : models) {
+    examples::Example e = examples::make(m);
+    alone.push_back(examples::trace(e).str());
+  }
+  std::vector<examples::Example> instances;
+  for (const std::string& m : models) instances.push_back(examples::make(m));
+  std::vector<std::string> together(models.size());
+  std::vector<std::string> errors(models.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < models.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        for (int round = 0; round < 3; ++round) together[i] = examples::trace(instances[i]).str();
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < models.size(); ++i) {
+    EXPECT_EQ(errors[i], "") << models[i];
+    EXPECT_EQ(together[i], alone[i]) << models[i];
+  }
+}
+
+// --- Without a trace -----------------------------------------------------------
+
+TEST(Wrappers, ComputeAndRecordNothingOutsideATrace) {
+  at::Tensor kept;
+  GraphModule gm = trace([&](IValues in) {
+    at::Tensor y = in[0].toTensor() * 2;
+    kept = y;
+    return c10::IValue(y);
+  }, {at::full({3}, 1.5)});
+  size_t nodes = gm.graph().size();
+  ASSERT_TRUE(is_tracing_tensor(kept));
+  at::Tensor z = kept + 1;  // no trace active
+  EXPECT_FALSE(is_tracing_tensor(z));
+  EXPECT_TRUE(at::allclose(z, at::full({3}, 4.0)));
+  kept.mul_(2);  // in place: the wrapper itself comes back
+  EXPECT_TRUE(is_tracing_tensor(kept));
+  EXPECT_TRUE(at::allclose(unwrap_tracing_tensor(kept), at::full({3}, 6.0)));
+  EXPECT_EQ(gm.graph().size(), nodes);
+  EXPECT_NE(describe_tensor(kept).find("TracedTensor(from another trace, f32[3]"), std::string::npos)
+      << describe_tensor(kept);
+}
+
+TEST(Wrappers, PrintAsTracedTensorsWithTheirValue) {
+  std::string text;
+  trace([&](IValues in) {
+    at::Tensor y = in[0].toTensor() + 1;
+    text = describe_tensor(y);
+    return c10::IValue(y);
+  }, {at::zeros({2})});
+  EXPECT_NE(text.find("TracedTensor(%add, f32[2], value="), std::string::npos) << text;
+  EXPECT_NE(text.find(" 1\n 1\n"), std::string::npos - 1) << text;
+}
+
+TEST(Wrappers, StorageAndMetadataSettersThrow) {
+  trace([](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    EXPECT_EQ(x.sizes(), c10::IntArrayRef({2, 3}));
+    EXPECT_EQ(x.strides(), c10::IntArrayRef({3, 1}));
+    EXPECT_EQ(x.scalar_type(), at::kFloat);
+    EXPECT_TRUE(x.is_contiguous());
+    EXPECT_ANY_THROW(x.data_ptr());
+    EXPECT_ANY_THROW(x.storage());
+    EXPECT_ANY_THROW(x.unsafeGetTensorImpl()->set_size(0, 4));
+    return c10::IValue(x.clone());
+  }, {at::zeros({2, 3})});
+}
+
+TEST(Wrappers, UndefinedOutputsBecomeEmptyTensors) {
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor w = in[1].toTensor();
+    auto grads = at::convolution_backward(at::ones({1, 1, 3, 3}), x, w, c10::nullopt, {1, 1},
+                                          {0, 0}, {1, 1}, false, {0, 0}, 1, {true, false, false});
+    EXPECT_TRUE(std::get<1>(grads).defined());
+    EXPECT_EQ(std::get<1>(grads).numel(), 0);
+    return c10::IValue(std::get<0>(grads));
+  }, {at::randn({1, 1, 5, 5}), at::randn({1, 1, 3, 3})});
+  gm.lint();
+}
+
+// --- Bad input -----------------------------------------------------------------
+
+TEST(BadInput, UnsupportedInputTypes) {
+  EXPECT_EQ(trace_error([] {
+              trace([](IValues in) { return in[0]; }, {at::ones({1}), c10::IValue(c10::Device(c10::kCPU))});
+            }),
+            "TypeError: input[1]: unsupported value, a value of type Device; expected tensors, "
+            "tuples, lists, dicts, None, or int/float/bool/str");
+}
+
+TEST(BadInput, NonTensorOutputsAreATypeError) {
+  EXPECT_EQ(trace_error([] { trace([](IValues) { return c10::IValue(int64_t(3)); }, {at::ones({1})}); }),
+            "TypeError: the traced function returned 3 among its outputs; outputs must be tensors "
+            "or None, or tuples, lists and dicts of them");
+}
+
+TEST(BadInput, ExceptionsPropagateAndLeaveNothingBehind) {
+  try {
+    trace([](IValues in) -> c10::IValue {
+      at::Tensor y = in[0].toTensor() + 1;
+      throw std::runtime_error("model exploded at layer 3");
+    }, {at::ones({2})});
+    FAIL() << "expected the model's exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "model exploded at layer 3");
+  }
+  // No trace is active any more: plain tensors compute normally and the next
+  // trace works.
+  at::Tensor plain = at::ones({2}) * 3;
+  EXPECT_FALSE(is_tracing_tensor(plain));
+  GraphModule gm = trace([](IValues in) { return c10::IValue(in[0].toTensor() - in[0].toTensor()); },
+                         {at::ones({2})});
+  EXPECT_EQ(count_target(gm, "aten::sub.Tensor"), 1u);
+}
+
+TEST(BadInput, WrapperFromAnotherTraceIsRefused) {
+  at::Tensor leaked;
+  trace([&](IValues in) {
+    leaked = in[0].toTensor() * 2;
+    return c10::IValue(leaked);
+  }, {at::ones({2})});
+  std::string message = trace_error([&] {
+    trace([&](IValues in) { return c10::IValue(in[0].toTensor() + leaked); }, {at::ones({2})});
+  });
+  EXPECT_EQ(message,
+            "argument 'other' of aten::add.Tensor is a traced tensor from another trace; a trace can "
+            "only use its own inputs, values computed from them, and plain tensors");
+  EXPECT_EQ(trace_error([&] { trace([](IValues in) { return in[0]; }, {leaked}); }),
+            "input tensor 0 is a traced tensor of another trace; pass real tensors as inputs");
+}
+
+TEST(BadInput, MutationsTheGraphCannotExpress) {
+  std::string message = trace_error([] {
+    trace([](IValues in) {
+      std::vector<at::Tensor> list = {in[0].toTensor().clone(), in[0].toTensor().clone()};
+      at::_foreach_add_(list, 1.0);
+      return c10::IValue(list[0]);
+    }, {at::ones({2})});
+  });
+  EXPECT_EQ(message,
+            "aten::_foreach_add_.Scalar writes to argument 'self' without returning it; a graph "
+            "cannot express that mutation. Schema: aten::_foreach_add_.Scalar(Tensor(a!)[] self, "
+            "Scalar scalar) -> ()");
+}
+
+TEST(BadInput, DataDependentValues) {
+  std::string message = trace_error([] {
+    trace([](IValues in) {
+      double v = in[0].toTensor().sum().item<double>();
+      return c10::IValue(in[0].toTensor() * v);
+    }, {at::ones({2})});
+  });
+  EXPECT_EQ(message.rfind("aten::_local_scalar_dense reads a tensor's value into C++", 0), 0u) << message;
+  TraceOptions allow;
+  allow.allow_data_dependent_values = true;
+  GraphModule gm = trace([](IValues in) {
+    double v = in[0].toTensor().sum().item<double>();
+    return c10::IValue(in[0].toTensor() * v);
+  }, {at::ones({2})}, allow);
+  gm.lint();
+}
 
 }  // namespace
 }  // namespace torchcap

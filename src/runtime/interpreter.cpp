@@ -4,7 +4,9 @@
 #include <torchcap/printer.h>
 
 #include "graph/schema_check.h"
+#include "runtime/ivalues.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/jit_type.h>
 
@@ -60,7 +62,15 @@ struct detail::InterpreterPlan {
   std::vector<Instruction> instructions;
   std::vector<at::Tensor> attributes;
   std::vector<InputCheck> inputs;
-  std::vector<Slot> outputs;  // Value, Input or Attribute slots
+  std::vector<Slot> outputs;  // Value, Input or Attribute slots; user outputs first
+  size_t num_user_outputs = 0;
+  // For each output after the user outputs: where its value is written back.
+  struct WriteBack {
+    bool to_input;       // else to an attribute
+    int32_t input;       // placeholder index
+    at::Tensor buffer;   // the attribute's tensor
+  };
+  std::vector<WriteBack> write_backs;
   std::vector<NodeInfo> node_infos;
   int32_t num_values = 0;
   size_t max_args = 0;
@@ -70,61 +80,8 @@ struct detail::InterpreterPlan {
 
 namespace {
 
-const c10::Type& unwrap_optional(const c10::Type& t) {
-  if (t.kind() == c10::TypeKind::OptionalType) {
-    return *t.expectRef<c10::OptionalType>().getElementType();
-  }
-  return t;
-}
-
-// A constant argument as the boxed kernel expects it for a parameter of `type`.
-c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared) {
-  const c10::Type& type = unwrap_optional(declared);
-  using K = c10::TypeKind;
-  if (a.is_none()) return c10::IValue();
-  if (a.is_int()) {
-    if (type.kind() == K::FloatType) return c10::IValue(static_cast<double>(a.to_int()));
-    return c10::IValue(a.to_int());
-  }
-  if (a.is_double()) return c10::IValue(a.to_double());
-  if (a.is_bool()) return c10::IValue(a.to_bool());
-  if (a.is_string()) return c10::IValue(a.to_string());
-  if (a.is_scalar_type()) return c10::IValue(a.to_scalar_type());
-  if (a.is_layout()) return c10::IValue(a.to_layout());
-  if (a.is_memory_format()) return c10::IValue(a.to_memory_format());
-  if (a.is_device()) return c10::IValue(a.to_device());
-  if (a.is_list()) {
-    const c10::Type* elem = type.kind() == K::ListType
-                                ? type.expectRef<c10::ListType>().getElementType().get()
-                                : nullptr;
-    K ek = elem != nullptr ? unwrap_optional(*elem).kind() : K::AnyType;
-    const ArgumentList& l = a.to_list();
-    if (ek == K::IntType || ek == K::SymIntType) {
-      c10::List<int64_t> out;
-      for (const Argument& e : l) out.push_back(e.to_int());
-      return out;
-    }
-    if (ek == K::FloatType) {
-      c10::List<double> out;
-      for (const Argument& e : l) out.push_back(e.is_int() ? double(e.to_int()) : e.to_double());
-      return out;
-    }
-    if (ek == K::BoolType) {
-      c10::List<bool> out;
-      for (const Argument& e : l) out.push_back(e.to_bool());
-      return out;
-    }
-    if (ek == K::TensorType && l.empty()) {
-      return elem->kind() == K::OptionalType
-                 ? c10::IValue(c10::List<c10::optional<at::Tensor>>())
-                 : c10::IValue(c10::List<at::Tensor>());
-    }
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const Argument& e : l) out.push_back(constant_ivalue(e, elem ? *elem : declared));
-    return out;
-  }
-  TORCH_INTERNAL_ASSERT(false, "constant_ivalue: node arguments are not constants");
-}
+using detail::constant_ivalue;
+using detail::unwrap_optional;
 
 class PlanBuilder {
  public:
@@ -163,6 +120,20 @@ class PlanBuilder {
           for (const Argument& a : n->args()[0].to_list()) plan->outputs.push_back(slot_of(a.to_node()));
           break;
       }
+    }
+    plan->num_user_outputs = gm_.num_user_outputs();
+    for (size_t i = plan->num_user_outputs; i < gm_.output_specs.size(); ++i) {
+      const OutputSpec& spec = gm_.output_specs[i];
+      detail::InterpreterPlan::WriteBack wb{false, -1, {}};
+      if (spec.kind == OutputKind::InputMutation) {
+        wb.to_input = true;
+        for (size_t k = 0; k < plan->inputs.size(); ++k) {
+          if (plan->inputs[k].name == spec.target) wb.input = static_cast<int32_t>(k);
+        }
+      } else {
+        wb.buffer = gm_.attribute(spec.target).value;
+      }
+      plan->write_backs.push_back(std::move(wb));
     }
     plan->num_values = next_value_;
     compute_frees(*plan);
@@ -208,6 +179,38 @@ class PlanBuilder {
     return s;
   }
 
+  // A view of attributes only (`t(weight)`) is computed once, here: it
+  // aliases the attribute's memory, so it stays right even when the graph
+  // updates the attribute in place.
+  bool fold_view(detail::InterpreterPlan& plan, const Node& n, const Instruction& ins) {
+    const c10::FunctionSchema& schema = n.schema();
+    if (schema.returns().size() != 1 || detail::produces(n) != detail::Produces::Tensor) return false;
+    const c10::AliasInfo* ret = schema.returns()[0].alias_info();
+    if (ret == nullptr || ret->isWrite()) return false;
+    for (const c10::Argument& a : schema.arguments()) {
+      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return false;
+    }
+    bool reads_attribute = false;
+    for (const Slot& s : ins.args) {
+      if (s.kind == Slot::Kind::Attribute) {
+        reads_attribute = true;
+      } else if (s.kind != Slot::Kind::Constant) {
+        return false;
+      }
+    }
+    if (!reads_attribute) return false;
+    std::vector<c10::IValue> stack;
+    for (const Slot& s : ins.args) {
+      stack.push_back(s.kind == Slot::Kind::Attribute ? c10::IValue(plan.attributes[s.index])
+                                                      : s.constant);
+    }
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ins.op.callBoxed(&stack);
+    where_[&n] = {Slot::Kind::Attribute, static_cast<int32_t>(plan.attributes.size())};
+    plan.attributes.push_back(stack.at(0).toTensor());
+    return true;
+  }
+
   void call(detail::InterpreterPlan& plan, const Node& n) {
     Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
     const c10::FunctionSchema& schema = n.schema();
@@ -224,6 +227,7 @@ class PlanBuilder {
         ins.args.push_back(std::move(s));
       }
     }
+    if (fold_view(plan, n, ins)) return;
     const ValueMeta& val = n.meta().val;
     switch (detail::produces(n)) {
       case detail::Produces::Tensor:
@@ -334,12 +338,19 @@ Interpreter::Interpreter(Interpreter&&) noexcept = default;
 Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
 
 size_t Interpreter::num_inputs() const { return plan_->inputs.size(); }
-size_t Interpreter::num_outputs() const { return plan_->outputs.size(); }
+size_t Interpreter::num_outputs() const { return plan_->num_user_outputs; }
 
 std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs,
                                               RunStats* stats) const {
   const detail::InterpreterPlan& plan = *plan_;
   check_inputs(plan, inputs);
+  // Note [The interpreter runs below autograd]
+  // A graph is an inference program: it was recorded without autograd and
+  // runs without it, skipping the autograd and view-tracking dispatch layers
+  // (as autograd's own kernels do) rather than paying for them under no-grad.
+  // Results carry no autograd history, like results computed under
+  // NoGradGuard, and are ordinary (not inference) tensors.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
 
   std::vector<c10::IValue> values(plan.num_values);
   std::vector<c10::IValue> stack;
@@ -407,8 +418,16 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
   }
 
   std::vector<at::Tensor> out;
-  out.reserve(plan.outputs.size());
-  for (const Slot& s : plan.outputs) out.push_back(fetch(s, fetch).toTensor());
+  out.reserve(plan.num_user_outputs);
+  for (size_t i = 0; i < plan.num_user_outputs; ++i) out.push_back(fetch(plan.outputs[i], fetch).toTensor());
+  // Writes the program made, which the exported graph returns as values
+  // (export.h): applied now, so a run has the program's effect.
+  for (size_t i = 0; i < plan.write_backs.size(); ++i) {
+    const auto& wb = plan.write_backs[i];
+    at::Tensor value = fetch(plan.outputs[plan.num_user_outputs + i], fetch).toTensor();
+    at::Tensor target = wb.to_input ? inputs[wb.input] : wb.buffer;
+    target.copy_(value);
+  }
   if (stats != nullptr) {
     stats->nodes_executed = plan.instructions.size();
     stats->peak_live_values = peak;

@@ -1,0 +1,16 @@
+// Everything torchcap offers, in one include.
+#pragma once
+
+#include <torchcap/argument.h>
+#include <torchcap/error.h>
+#include <torchcap/graph.h>
+#include <torchcap/graph_module.h>
+#include <torchcap/interpreter.h>
+#include <torchcap/meta.h>
+#include <torchcap/node.h>
+#include <torchcap/passes.h>
+#include <torchcap/printer.h>
+#include <torchcap/summary.h>
+#include <torchcap/tracer.h>
+#include <torchcap/tracing_tensor.h>
+#include <torchcap/tree_spec.h>

@@ -1,0 +1,208 @@
+// The interpreter: the zoo on fresh inputs, input validation, failing
+// operators, threads, and freeing values after their last use.
+#include <torchcap/error.h>
+#include <torchcap/interpreter.h>
+#include <torchcap/tracer.h>
+
+#include "zoo.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace torchcap {
+namespace {
+
+using IValues = std::vector<c10::IValue>;
+
+class ZooOnFreshInputs : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZooOnFreshInputs, MatchesEager) {
+  const std::string name = GetParam();
+  examples::Example traced = examples::make(name);
+  GraphModule gm = examples::trace(traced);  // on the reference inputs (seed 0)
+  Interpreter interp(gm);
+
+  examples::Example eager = examples::make(name);  // untouched by the trace
+  for (uint64_t seed : {1, 2}) {
+    IValues inputs = eager.make_inputs(seed);
+    c10::IValue expected = eager.forward(inputs);
+    c10::IValue actual = interp.run(inputs);
+    EXPECT_LE(examples::max_abs_diff(actual, expected), 1e-5) << name << " seed " << seed;
+  }
+  // State the program changes (BatchNorm running stats in train mode) changes
+  // the same way in the graph: it started from the values before the trace.
+  for (const auto& [buffer, value] : examples::named_buffers(eager)) {
+    if (!gm.has_attribute(buffer)) continue;
+    EXPECT_TRUE(at::allclose(gm.attribute(buffer).value, value, 1e-5, 1e-6)) << buffer;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ZooOnFreshInputs, ::testing::ValuesIn(examples::names()),
+                         [](const auto& info) { return info.param; });
+
+std::string input_error(const Interpreter& interp, const IValues& inputs) {
+  try {
+    interp.run(inputs);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+GraphModule two_input_graph() {
+  return trace([](IValues in) { return c10::IValue(in[0].toTensor().matmul(in[1].toTensor())); },
+               {at::randn({2, 3}), at::randn({3, 4})});
+}
+
+TEST(Validation, OneErrorListsEveryMismatch) {
+  Interpreter interp(two_input_graph());
+  EXPECT_EQ(input_error(interp, {at::randn({2, 5}), at::randn({3, 4}, at::kDouble)}),
+            "inputs do not match the graph:\n"
+            "  input 0 (ph_0): expected f32[2, 3], got f32[2, 5]\n"
+            "  input 1 (ph_1): expected f32[3, 4], got f64[3, 4]");
+  EXPECT_EQ(input_error(interp, {at::randn({2, 3, 1}), at::randn({3, 4})}),
+            "inputs do not match the graph:\n"
+            "  input 0 (ph_0): expected f32[2, 3], got f32[2, 3, 1]");
+}
+
+TEST(Validation, CountAndType) {
+  Interpreter interp(two_input_graph());
+  EXPECT_EQ(input_error(interp, {at::randn({2, 3})}),
+            "input: expected a tuple of 2, got a tuple of 1");
+  EXPECT_EQ(input_error(interp, {at::randn({2, 3}), c10::IValue(int64_t(4))}),
+            "input[1]: expected a tensor, got int 4");
+  EXPECT_EQ(input_error(interp, {at::randn({2, 3}), c10::IValue()}),
+            "input[1]: expected a tensor, got None");
+  EXPECT_EQ(input_error(interp, {at::randn({2, 3}), at::Tensor()}),
+            "inputs do not match the graph:\n"
+            "  input 1 (ph_1): expected a tensor, got an undefined tensor");
+  try {
+    interp.run_flat({at::randn({2, 3})});
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()), "expected 2 input tensor(s), got 1");
+  }
+}
+
+TEST(Validation, NestedStructure) {
+  examples::Example e = examples::make("nested_io");
+  Interpreter interp(examples::trace(e));
+  IValues good = e.make_inputs(1);
+  IValues wrong_constant = good;
+  wrong_constant[2] = c10::IValue(int64_t(5));
+  EXPECT_EQ(input_error(interp, wrong_constant),
+            "input[2]: expected int 2 (the value the graph was captured with; it is not an "
+            "input), got int 5");
+  IValues wrong_nesting = good;
+  wrong_nesting[1] = at::randn({2, 3});
+  EXPECT_EQ(input_error(interp, wrong_nesting), "input[1]: expected a dict of 2, got a tensor");
+}
+
+TEST(Errors, FailingOperatorNamesTheNodeAndItsStackTrace) {
+  // Indices are data: validation cannot catch an out-of-range one.
+  GraphModule gm = trace([](IValues in) {
+    return c10::IValue(at::index_select(in[0].toTensor(), 0, in[1].toTensor()));
+  }, {at::randn({4, 2}), at::tensor({0, 3}, at::kLong)});
+  Interpreter interp(gm);
+  try {
+    interp.run({at::randn({4, 2}), at::tensor({0, 9}, at::kLong)});
+    FAIL() << "expected a RuntimeError";
+  } catch (const RuntimeError& e) {
+    std::string m = e.what();
+    EXPECT_EQ(m.rfind("while executing %index_select : i64[2] [users=1] = "
+                      "aten::index_select(%ph_0, 0, %ph_1)", 0),
+              std::string::npos);  // the recorded type is f32
+    EXPECT_EQ(m.rfind("while executing %index_select : f32[2, 2] [users=1] = "
+                      "aten::index_select(%ph_0, 0, %ph_1)\ncaptured at:\n",
+                      0),
+              0u)
+        << m;
+    EXPECT_NE(m.find("interpreter_test.cpp"), std::string::npos) << m;
+    EXPECT_NE(m.find("out of range"), std::string::npos) << m;
+  }
+}
+
+TEST(Errors, HandBuiltGraphWithoutStackTraces) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* y = g.placeholder("y");
+  g.output({g.call_function("aten::mm", {x, y})});
+  gm.set_flat_specs();
+  Interpreter interp(gm);
+  try {
+    interp.run_flat({at::randn({2, 3}), at::randn({4, 5})});
+    FAIL();
+  } catch (const RuntimeError& e) {
+    std::string m = e.what();
+    EXPECT_EQ(m.rfind("while executing %mm : [users=1] = aten::mm(%x, %y)\n", 0), 0u) << m;
+    EXPECT_NE(m.find("mat1 and mat2 shapes cannot be multiplied"), std::string::npos) << m;
+  }
+}
+
+TEST(Errors, GraphsThatCannotRunAreRejectedAtLoad) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  g.output({g.call_function("aten::relu", {x, 3})});  // too many arguments
+  gm.set_flat_specs();
+  EXPECT_THROW(Interpreter{gm}, LintError);
+}
+
+TEST(Threads, OneGraphManyCallers) {
+  examples::Example e = examples::make("cnn_bn_eval");
+  Interpreter interp(examples::trace(e));
+  constexpr int kThreads = 4;
+  std::vector<IValues> inputs;
+  std::vector<c10::IValue> expected;
+  for (int i = 0; i < kThreads; ++i) {
+    inputs.push_back(e.make_inputs(10 + i));
+    expected.push_back(e.forward(inputs.back()));
+  }
+  std::vector<double> worst(kThreads, -1);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      double w = 0;
+      for (int round = 0; round < 20; ++round) {
+        w = std::max(w, examples::max_abs_diff(interp.run(inputs[i]), expected[i]));
+      }
+      worst[i] = w;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_LE(worst[i], 1e-5) << "thread " << i;
+}
+
+TEST(Memory, ValuesAreFreedAfterTheirLastUse) {
+  auto chain = [](int64_t length) {
+    return trace([length](IValues in) {
+      at::Tensor x = in[0].toTensor();
+      for (int64_t i = 0; i < length; ++i) x = at::sin(x);
+      return c10::IValue(x);
+    }, {at::randn({8})});
+  };
+  for (int64_t length : {10, 1000}) {
+    Interpreter interp(chain(length));
+    RunStats stats;
+    interp.run({at::randn({8})}, &stats);
+    EXPECT_EQ(stats.nodes_executed, static_cast<size_t>(length));
+    EXPECT_LE(stats.peak_live_values, 2u) << "chain of " << length;
+  }
+}
+
+TEST(Memory, UnusedOutputsAreDroppedAtOnce) {
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    auto [v, i] = at::topk(x, 2);  // i is never read
+    return c10::IValue(v * 2);
+  }, {at::randn({5})});
+  RunStats stats;
+  Interpreter(gm).run({at::randn({5})}, &stats);
+  EXPECT_LE(stats.peak_live_values, 2u);
+}
+
+}  // namespace
+}  // namespace torchcap
