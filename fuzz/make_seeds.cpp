@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
       {"arguments", t::every_argument_module()},
       {"nested", t::nested_spec_module()},
       {"attributes", t::attribute_zoo_module()},
+      {"signature", t::signature_module()},
   };
   for (const auto& [name, gm] : seeds) {
     std::string bytes = torchcap::save_to_string(gm);

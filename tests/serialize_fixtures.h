@@ -111,6 +111,26 @@ inline GraphModule small_module() {
   return gm;
 }
 
+// A signature as export_program makes one: a user output, then the new values
+// of a buffer and of an input.
+inline GraphModule signature_module() {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* mean = g.get_attr("stats.mean");
+  Node* y = g.call_function("aten::mul.Tensor", {x, mean});
+  Node* new_mean = g.call_function("aten::add.Tensor", {mean, x});
+  Node* new_x = g.call_function("aten::mul.Scalar", {x, 2});
+  g.output({y, new_mean, new_x});
+  gm.in_spec = TreeSpec::tuple({TreeSpec::leaf()});
+  gm.out_spec = TreeSpec::leaf();
+  gm.output_specs = {OutputSpec{OutputKind::User, ""},
+                     OutputSpec{OutputKind::BufferMutation, "stats.mean"},
+                     OutputSpec{OutputKind::InputMutation, "x"}};
+  gm.set_attribute("stats.mean", at::arange(3, at::kFloat), AttributeKind::Buffer);
+  return gm;
+}
+
 // Every Argument alternative, in places where operator schemas accept them.
 inline GraphModule every_argument_module() {
   GraphModule gm;

@@ -3,6 +3,7 @@
 // save (atomic rename) and load (no copy, aligned, copy-on-write), and one test
 // per verification failure with the exact message it gives.
 #include <torchcap/error.h>
+#include <torchcap/export.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 #include <torchcap/serialize.h>
@@ -104,6 +105,7 @@ void expect_same_module(const GraphModule& a, const GraphModule& b) {
     EXPECT_EQ(x.kind, y.kind) << x.name;
     expect_same_tensor(x.value, y.value, x.name);
   }
+  EXPECT_TRUE(a.output_specs == b.output_specs);
   EXPECT_EQ(a.in_spec, b.in_spec) << a.in_spec.str() << " vs " << b.in_spec.str();
   EXPECT_EQ(a.out_spec, b.out_spec) << a.out_spec.str() << " vs " << b.out_spec.str();
 }
@@ -130,6 +132,9 @@ std::string with_json(const std::string& bytes, const std::function<void(Json&)>
   f.json = doc.dump();
   return f.bytes();
 }
+
+// The small valid file the damaged ones are made from.
+std::string valid() { return save_to_string(testing::small_module()); }
 
 // --- Round trips ----------------------------------------------------------------
 
@@ -327,6 +332,56 @@ TEST_P(ZooRoundTrip, LoadsPrintsAndRunsIdentically) {
 INSTANTIATE_TEST_SUITE_P(Examples, ZooRoundTrip, ::testing::ValuesIn(examples::names()),
                          [](const auto& info) { return info.param; });
 
+class ExportedZooRoundTrip : public ::testing::TestWithParam<std::string> {};
+
+// Exported (functionalized) examples carry a signature: outputs that update
+// buffers or inputs. Both modules start from the same buffer values, so both
+// runs give the same results and leave the same buffers.
+TEST_P(ExportedZooRoundTrip, KeepsTheSignatureAndWritesTheSameBuffers) {
+  examples::Example e = examples::make(GetParam());
+  std::vector<c10::IValue> example = e.make_inputs(0);
+  GraphModule gm = e.module ? export_program(*e.module, e.forward, example)
+                            : export_program(e.forward, example);
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+
+  std::vector<c10::IValue> inputs = e.make_inputs(1);
+  c10::IValue expected = Interpreter(gm).run(inputs);
+  c10::IValue actual = Interpreter(loaded).run(inputs);
+  EXPECT_EQ(examples::max_abs_diff(actual, expected), 0.0);
+  for (const OutputSpec& o : gm.output_specs) {
+    if (o.kind != OutputKind::BufferMutation) continue;
+    expect_same_tensor(loaded.attribute(o.target).value, gm.attribute(o.target).value, o.target);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ExportedZooRoundTrip, ::testing::ValuesIn(examples::names()),
+                         [](const auto& info) { return info.param; });
+
+TEST(SerializeRoundTrip, SignatureOfAHandBuiltModuleRunsItsWrites) {
+  GraphModule gm = testing::signature_module();
+  gm.lint();
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+  at::Tensor x = at::ones({3});
+  c10::IValue y = Interpreter(loaded).run({x});
+  EXPECT_TRUE(at::equal(y.toTensor(), at::arange(3, at::kFloat)));
+  EXPECT_TRUE(at::equal(loaded.attribute("stats.mean").value, at::arange(3, at::kFloat) + 1));
+  EXPECT_TRUE(at::equal(x, at::full({3}, 2.0)));
+}
+
+TEST(SerializeRoundTrip, SignatureIsWrittenOnlyWhenThereAreMutations) {
+  examples::Example e = examples::make("cnn_bn_train");
+  GraphModule gm = export_program(*e.module, e.forward, e.make_inputs(0));
+  ASSERT_FALSE(gm.output_specs.empty());
+  Json doc = Json::parse(TcgFile::parse(save_to_string(gm)).json);
+  ASSERT_TRUE(doc.contains("signature"));
+  EXPECT_EQ(doc["signature"]["outputs"][0], Json({{"kind", "user"}, {"target", ""}}));
+  EXPECT_EQ(doc["signature"]["outputs"][1],
+            Json({{"kind", "buffer_mutation"}, {"target", "bn1.num_batches_tracked"}}));
+  EXPECT_FALSE(Json::parse(TcgFile::parse(valid()).json).contains("signature"));
+}
+
 // --- save ---------------------------------------------------------------------
 
 TEST(Save, ReplacesTheTargetAndLeavesNoTemporaryFile) {
@@ -444,9 +499,6 @@ TEST(Load, TensorsOutliveTheModuleAndTheFile) {
 }
 
 // --- load: one test per verification failure -------------------------------------------
-
-// The small valid file the damaged ones are made from.
-std::string valid() { return save_to_string(testing::small_module()); }
 
 TEST(LoadRejects, MissingFile) {
   TempDir dir;
@@ -623,9 +675,33 @@ TEST(LoadRejects, SignatureThatIsNotAnObject) {
             "f.tcg: byte " + std::to_string(at) + ": 'signature': expected an object, got an integer");
 }
 
-TEST(LoadRejects, SignatureObjectIsAcceptedAndNotRead) {
+TEST(LoadRejects, SignatureWithAnUnknownKey) {
   std::string b = with_json(valid(), [](Json& d) { d["signature"] = {{"inputs", Json::array()}}; });
-  EXPECT_EQ(load_error(b), "");
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) + ": 'signature': unknown key 'inputs'");
+}
+
+TEST(LoadRejects, UnknownOutputKind) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["signature"] = {{"outputs", {{{"kind", "gradient"}, {"target", ""}}}}};
+  });
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
+                               ": 'signature': outputs[0].kind: unknown output kind 'gradient'");
+}
+
+TEST(LoadRejects, MutationOfAnAttributeThatIsNoBuffer) {
+  // Two outputs: the user's, and a write to a buffer the module does not have.
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][7]["args"][0].push_back({{"node", "where"}});
+    d["signature"] = {{"outputs",
+                       {{{"kind", "user"}, {"target", ""}},
+                        {{"kind", "buffer_mutation"}, {"target", "running_mean"}}}}};
+  });
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: output 1 (buffer mutation of 'running_mean') names no "
+                               "parameter or buffer");
 }
 
 // Tensor table -------------------------------------------------------------------

@@ -15,6 +15,7 @@ uses it. Writing to a tensor changes this process's copy of the page only.
 """
 
 import json
+import keyword
 import math
 import mmap
 import operator
@@ -174,10 +175,14 @@ class TorchcapCodeGen(CodeGen):
     and ignored. The return statement rebuilds the output spec's structure.
     """
 
-    def __init__(self, in_spec, out_spec):
+    def __init__(self, in_spec, out_spec, mutations=(), placeholders=None):
         super().__init__()
         self.in_spec = in_spec
         self.out_spec = out_spec
+        # (kind, target) of the output values after the user outputs: the new
+        # values of buffers and inputs the program wrote (the signature).
+        self.mutations = list(mutations)
+        self.placeholders = placeholders or {}  # the file's placeholder names -> nodes
 
     def gen_fn_def(self, free_vars, maybe_return_annotation):
         placeholders = list(free_vars)
@@ -203,15 +208,39 @@ class TorchcapCodeGen(CodeGen):
         return "\n".join([head] + lines)
 
     def generate_output(self, output_args):
-        leaves = [repr(a) for a in output_args]
-        return "return " + _spec_expression(self.out_spec, leaves)
+        # With mutations the output node holds (results, written inputs): the
+        # second part only keeps those placeholders alive to the end.
+        results = output_args[0] if self.mutations else output_args
+        num_user = len(results) - len(self.mutations)
+        # The writes the program made are applied before returning, so calling
+        # forward has the program's effect.
+        lines = []
+        for (kind, target), value in zip(self.mutations, results[num_user:]):
+            dest = (_attribute_expression(target) if kind == "buffer_mutation"
+                    else repr(self.placeholders[target]))
+            lines.append(f"{dest}.copy_({value!r})")
+        leaves = [repr(a) for a in results[:num_user]]
+        lines.append("return " + _spec_expression(self.out_spec, leaves))
+        return "\n".join(lines)
 
     def process_inputs(self, *args):
         value = tuple(args) if self.in_spec.kind == "tuple" else args[0]
         return _spec_flatten(self.in_spec, value)
 
     def process_outputs(self, outputs):
-        return _spec_unflatten(self.out_spec, list(outputs))
+        results = outputs[0] if self.mutations else outputs
+        return _spec_unflatten(self.out_spec, list(results[:len(results) - len(self.mutations)]))
+
+
+def _attribute_expression(path):
+    """self.a.b, with getattr(..., '0') for parts that are not identifiers."""
+    expr = "self"
+    for part in path.split("."):
+        if part.isidentifier() and not keyword.iskeyword(part):
+            expr += "." + part
+        else:
+            expr = f"getattr({expr}, {part!r})"
+    return expr
 
 
 class _Reader:
@@ -225,6 +254,8 @@ class _Reader:
     # --- Errors ---------------------------------------------------------------
 
     def fail(self, offset, what):
+        if callable(offset):  # computed only now that it is needed
+            offset = offset()
         raise ValueError(f"{self.path}: byte {offset}: {what}")
 
     def element_offset(self, key, index):
@@ -708,7 +739,7 @@ class _Reader:
         if output is None:
             self.fail(self.element_offset("nodes", len(nodes)), "'nodes': the graph has no output "
                                                                 "node")
-        self.graph, self.output = graph, output
+        self.graph, self.output, self.env = graph, output, env
 
     # --- Specs ----------------------------------------------------------------
 
@@ -752,6 +783,51 @@ class _Reader:
             seen.add(k)
         return _Spec(kind, specs, keys)
 
+    def signature(self):
+        """(kind, target) of the outputs after the user outputs; [] if all are user outputs."""
+        if "signature" not in self.doc:
+            return []
+        label = "'signature': "
+        at = lambda: self.top_offset("signature")  # noqa: E731
+        sig = self.expect(self.doc["signature"], "object", at, label)
+        self.check_keys(sig, ("outputs",), at, label)
+        outputs = self.expect(sig.get("outputs", []), "array", at, label + "outputs: ")
+        mutations = []
+        attributes = {name: kind for name, kind, _ in self.attributes}
+        for i, o in enumerate(outputs):
+            ol = f"{label}outputs[{i}]: "
+            self.expect(o, "object", at, ol)
+            self.check_keys(o, ("kind", "target"), at, ol)
+            kind = self.expect(self.member(o, "kind", at, ol), "string", at, ol[:-2] + ".kind: ")
+            if kind not in ("user", "buffer_mutation", "input_mutation"):
+                self.fail(at, f"{ol[:-2]}.kind: unknown output kind '{kind}'")
+            target = self.expect(self.member(o, "target", at, ol), "string", at,
+                                 ol[:-2] + ".target: ")
+            where = f"output {i} ({kind.replace('_', ' ')}" + (f" of '{target}')" if target
+                                                                  else ")")
+            if kind == "user":
+                if mutations:
+                    self.fail(self.json_offset, where + " comes after a mutation output")
+                continue
+            if any(t == target for _, t in mutations):
+                self.fail(self.json_offset, where + " updates its target twice")
+            if kind == "buffer_mutation" and attributes.get(target, "constant") == "constant":
+                self.fail(self.json_offset, where + " names no parameter or buffer")
+            if kind == "input_mutation" and not (
+                    target in self.env and self.env[target].op == "placeholder"):
+                self.fail(self.json_offset, where + " names no placeholder")
+            mutations.append((kind, target))
+        if outputs and len(outputs) != len(self.output.args[0]):
+            self.fail(self.json_offset, f"the output returns {len(self.output.args[0])} values but "
+                                        f"there are {len(outputs)} output specs")
+        return mutations
+
+    def top_offset(self, key):
+        """The byte where top-level `key`'s value starts (scanned on demand)."""
+        if self._scan is None:
+            self._scan = _scan_json(self.buf[self.json_offset : self.json_offset + self.json_size])
+        return self.json_offset + self._scan[0].get(key, 0)
+
     def constant(self, value, offset, label):
         if isinstance(value, bool) or isinstance(value, str):
             return value
@@ -772,21 +848,27 @@ class _Reader:
         self.read_tensors()
         self.read_attributes()
         self.read_nodes()
-        spec_at = lambda key: self.json_offset  # noqa: E731
-        in_spec = self.spec(self.top("in_spec"), spec_at("in_spec"), "'in_spec': ")
-        out_spec = self.spec(self.top("out_spec"), spec_at("out_spec"), "'out_spec': ")
-        signature = self.doc.get("signature")
-        if "signature" in self.doc:
-            self.expect(signature, "object", self.json_offset, "'signature': ")
+        in_spec = self.spec(self.top("in_spec"), lambda: self.top_offset("in_spec"),
+                            "'in_spec': ")
+        out_spec = self.spec(self.top("out_spec"), lambda: self.top_offset("out_spec"),
+                             "'out_spec': ")
+        mutations = self.signature()
 
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         if in_spec.num_leaves != len(placeholders):
             self.fail(self.json_offset, f"the graph has {len(placeholders)} placeholders but the "
                                         f"input spec has {in_spec.num_leaves} tensors")
         results = self.output.args[0]
-        if out_spec.num_leaves != len(results):
-            self.fail(self.json_offset, f"the output returns {len(results)} values; the output "
-                                        f"spec expects {out_spec.num_leaves}")
+        num_user = len(results) - len(mutations)
+        if num_user < 0 or out_spec.num_leaves != num_user:
+            self.fail(self.json_offset, f"the output returns {len(results)} values, "
+                                        f"{len(mutations)} of them mutations; the output spec "
+                                        f"expects {out_spec.num_leaves} tensors")
+        if mutations:
+            # Written inputs are passed to the output too, so that the
+            # generated code keeps them bound until the writes at the end.
+            written = [self.env[t] for k, t in mutations if k == "input_mutation"]
+            self.output.args = ((list(results), written),)
 
         # The attributes go onto the GraphModule directly (in file order, each
         # at its dotted path): GraphModule(root, graph) would copy only those a
@@ -803,7 +885,9 @@ class _Reader:
             if node.op == "get_attr" and node.target not in names:
                 self.fail(self.json_offset, f"get_attr %{node.name} reads attribute "
                                             f"'{node.target}', which the file does not have")
-        self.graph.set_codegen(TorchcapCodeGen(in_spec, out_spec))
+        self.graph.set_codegen(TorchcapCodeGen(
+            in_spec, out_spec, mutations,
+            {name: node for name, node in self.env.items() if node.op == "placeholder"}))
         gm.graph = self.graph
         return gm
 

@@ -148,6 +148,25 @@ std::optional<c10::MemoryFormat> memory_format_from_name(const std::string& name
   return std::nullopt;
 }
 
+const char* output_kind_token(OutputKind k) {
+  switch (k) {
+    case OutputKind::User:
+      return "user";
+    case OutputKind::BufferMutation:
+      return "buffer_mutation";
+    case OutputKind::InputMutation:
+      return "input_mutation";
+  }
+  return "?";
+}
+
+std::optional<OutputKind> output_kind_from_token(const std::string& name) {
+  for (OutputKind k : {OutputKind::User, OutputKind::BufferMutation, OutputKind::InputMutation}) {
+    if (name == output_kind_token(k)) return k;
+  }
+  return std::nullopt;
+}
+
 std::string nonfinite_double_string(double d) {
   if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
   uint64_t bits;

@@ -2,6 +2,7 @@
 // reader. docs/FORMAT.md is the specification; this file must agree with it.
 #pragma once
 
+#include <torchcap/graph_module.h>
 #include <torchcap/serialize.h>
 
 #include <c10/core/Layout.h>
@@ -79,6 +80,11 @@ const char* layout_name(c10::Layout l);
 std::optional<c10::Layout> layout_from_name(const std::string& name);
 const char* memory_format_name(c10::MemoryFormat m);
 std::optional<c10::MemoryFormat> memory_format_from_name(const std::string& name);
+
+// "user", "buffer_mutation", "input_mutation": the kinds of graph outputs in
+// the signature.
+const char* output_kind_token(OutputKind k);
+std::optional<OutputKind> output_kind_from_token(const std::string& name);
 
 // Doubles that JSON numbers cannot hold (infinities and NaNs) are written as
 // strings: "inf", "-inf", "nan" (the quiet NaN 0x7ff8000000000000), or, for

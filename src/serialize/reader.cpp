@@ -162,9 +162,8 @@ class Reader {
     read_nodes(gm.graph());
     gm.in_spec = read_spec(top_member("in_spec"), top_where("in_spec"), Path{});
     gm.out_spec = read_spec(top_member("out_spec"), top_where("out_spec"), Path{});
-    // Reserved for the graph signature a later 1.x adds: an object, not read yet.
     if (auto it = doc_.find("signature"); it != doc_.end()) {
-      object(*it, top_where("signature"), Path{});
+      gm.output_specs = read_signature(*it, top_where("signature"));
     }
     for (const PendingAttribute& a : attributes_) {
       gm.set_attribute(a.name, a.tensor < 0 ? at::Tensor() : tensors_[a.tensor], a.kind);
@@ -811,6 +810,31 @@ class Reader {
       if (!problem.empty()) fail(w, root, problem);
     }
     if (g.output_node() == nullptr) fail(top_where("nodes"), Path{}, "the graph has no output node");
+  }
+
+  // --- Signature -------------------------------------------------------------
+
+  // What each output value is for. Whether targets exist and outputs are in
+  // order is GraphModule::lint's to check, at the end.
+  std::vector<OutputSpec> read_signature(const Json& v, const Where& w) const {
+    object(v, w, Path{});
+    check_keys(v, {"outputs"}, w, Path{});
+    std::vector<OutputSpec> out;
+    auto it = v.find("outputs");
+    if (it == v.end()) return out;
+    Path root;
+    Path op = root.at("outputs");
+    array(*it, w, op);
+    for (size_t i = 0; i < it->size(); ++i) {
+      Path p = op.at(static_cast<int64_t>(i));
+      const Json& o = object((*it)[i], w, p);
+      check_keys(o, {"kind", "target"}, w, p);
+      const std::string& kind = string(member(o, "kind", w, p), w, p.at("kind"));
+      std::optional<OutputKind> k = format::output_kind_from_token(kind);
+      if (!k) fail(w, p.at("kind"), "unknown output kind '" + kind + "'");
+      out.push_back(OutputSpec{*k, string(member(o, "target", w, p), w, p.at("target"))});
+    }
+    return out;
   }
 
   // --- Specs -----------------------------------------------------------------

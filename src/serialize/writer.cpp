@@ -239,6 +239,16 @@ class Writer {
     doc["tensors"] = tensors_json();
     doc["in_spec"] = spec_json(gm_.in_spec, "the input spec");
     doc["out_spec"] = spec_json(gm_.out_spec, "the output spec");
+    // Only what GraphModule stores: the rest of its signature (user inputs,
+    // parameters, buffers) follows from the placeholders and attributes.
+    if (!gm_.output_specs.empty()) {
+      Json outputs = Json::array();
+      for (const OutputSpec& o : gm_.output_specs) {
+        outputs.push_back(Json{{"kind", format::output_kind_token(o.kind)},
+                               {"target", checked_utf8(o.target, "the signature")}});
+      }
+      doc["signature"] = Json{{"outputs", std::move(outputs)}};
+    }
 
     json_ = doc.dump();
     format::JsonScan scan = format::scan_json(json_.data(), json_.size(), format::kMaxJsonDepth);

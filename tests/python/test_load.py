@@ -141,6 +141,23 @@ def test_nested_specs_shape_the_signature(files):
     assert "def forward(self, a, arg1, arg2, arg3, arg4, arg5)" in gm.code
 
 
+def test_exported_writes_reach_buffers_and_inputs(files):
+    # BatchNorm in train mode: the running stats are outputs of the exported
+    # graph, written back into the buffers before forward returns.
+    gm = torchcap.load(files / "exported_bn.tcg")
+    inputs = unpickle(files / "exported_bn.inputs.pt")
+    assert_same(gm(*inputs), unpickle(files / "exported_bn.expected.pt"))
+    for name, value in unpickle(files / "exported_bn.buffers.pt").items():
+        assert_same(gm.get_buffer(name), value, name)
+    assert "self.bn1.running_mean.copy_(" in gm.code
+
+    # A program that writes into its input: so does the loaded module.
+    gm = torchcap.load(files / "exported_input.tcg")
+    (x,) = unpickle(files / "exported_input.inputs.pt")
+    assert_same(gm(x), unpickle(files / "exported_input.expected.pt"))
+    assert_same(x, unpickle(files / "exported_input.input_after.pt"), "the input")
+
+
 # --- Damaged files -------------------------------------------------------------
 
 HEADER = struct.Struct("<8sHHIQQQQQII")
