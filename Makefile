@@ -50,8 +50,20 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# Trace the built-in ResNet-18, save it, show it, run it, draw it.
+DEMO_DIR = $(BUILD_DIR)/demo
 demo: build
-	$(BUILD_DIR)/torchcap_demo
+	@mkdir -p $(DEMO_DIR)
+	@echo "== torchcap trace --example resnet18 -o $(DEMO_DIR)/resnet18.tcg"
+	@$(BUILD_DIR)/torchcap trace --example resnet18 -o $(DEMO_DIR)/resnet18.tcg
+	@echo; echo "== torchcap show $(DEMO_DIR)/resnet18.tcg"
+	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg
+	@echo; echo "== torchcap show --code (first lines)"
+	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg --code | head -12
+	@echo; echo "== torchcap run $(DEMO_DIR)/resnet18.tcg"
+	@$(BUILD_DIR)/torchcap run $(DEMO_DIR)/resnet18.tcg
+	@echo; echo "== torchcap show --svg $(DEMO_DIR)/resnet18.svg"
+	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg --svg $(DEMO_DIR)/resnet18.svg
 
 bench: build
 	$(BUILD_DIR)/serialize_bench
