@@ -38,7 +38,7 @@ TEST(DeadCode, KeepsOpsThatWriteArguments) {
   g.call_function("aten::add_.Tensor", {buf, c});        // in place: unused result, kept
   Node* y = g.call_function("aten::mul.Tensor", {x, x});  // dead
   g.call_function("aten::relu", {y});                     // dead
-  Node* out_buf = g.call_function("aten::empty.memory_format", {ArgumentList{2}});
+  Node* out_buf = g.call_function("aten::empty.memory_format", {Argument(ArgumentList{2})});
   g.call_function("aten::neg.out", {x}, {{"out", out_buf}});  // out=: writes out_buf, kept
   g.output({x});
   EXPECT_TRUE(eliminate_dead_code(g));

@@ -163,7 +163,7 @@ TEST(Graph, SetArgsKeepsUsersConsistent) {
   EXPECT_TRUE(a->users().empty());
 
   add->set_kwargs({{"alpha", 3}});
-  Node* cat = g.call_function("aten::cat", {ArgumentList{a, b, a}});
+  Node* cat = g.call_function("aten::cat", {Argument(ArgumentList{a, b, a})});
   EXPECT_EQ(cat->inputs(), (std::vector<Node*>{a, b}));  // through lists too
   EXPECT_EQ(b->users(), (std::vector<Node*>{add, cat}));
   EXPECT_THROW(add->set_arg(5, a), Error);
@@ -186,7 +186,7 @@ TEST(Graph, ReplaceAllUses) {
   Node* x = g.placeholder("x");
   Node* a = g.call_function("aten::relu", {x});
   Node* b = g.call_function("aten::neg", {a});
-  Node* c = g.call_function("aten::cat", {ArgumentList{a, b, a}});
+  Node* c = g.call_function("aten::cat", {Argument(ArgumentList{a, b, a})});
   g.output({a, c});
   Node* repl = g.call_function("aten::sigmoid", {x});
 

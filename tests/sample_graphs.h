@@ -30,7 +30,7 @@ inline GraphModule sample_module() {
   Node* vals = g.getitem(top, 0);
   Node* ind = g.getitem(top, 1);
   Node* zeros = g.call_function(
-      "aten::zeros", {ArgumentList{2, 3}},
+      "aten::zeros", {Argument(ArgumentList{2, 3})},
       {{"dtype", c10::kFloat}, {"layout", c10::kStrided}, {"device", c10::Device(c10::kCPU)},
        {"pin_memory", false}});
   Node* add = g.call_function("aten::add.Tensor", {vals, zeros}, {{"alpha", 0.5}});

@@ -22,6 +22,10 @@ namespace torchcap {
 class Node;
 class Argument;
 
+// Note: a call whose only argument is a list must spell the element out,
+// `{Argument(ArgumentList{2, 3})}`: a braced `{ArgumentList{2, 3}}` is the list
+// itself under some compilers (copy-initialisation, CWG 1467) and a one-element
+// list under others.
 using ArgumentList = std::vector<Argument>;
 
 class Argument {
