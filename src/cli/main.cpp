@@ -338,8 +338,32 @@ int cmd_examples() {
   return 0;
 }
 
+// An error raised inside a TorchScript model carries two tracebacks; one
+// line keeps the error and the innermost place in the model's source.
+std::string model_error(const std::string& s) {
+  const std::string marker = "Traceback of TorchScript";
+  if (s.find(marker) == std::string::npos) return s;
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t nl = s.find('\n', start);
+    lines.push_back(s.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  std::string error, where;
+  for (const std::string& l : lines) {
+    if (l.find_first_not_of(" ") == std::string::npos) continue;
+    size_t first = l.find_first_not_of(" ");
+    if (l.compare(first, 5, "File ") == 0) where = l.substr(first);
+    error = l.substr(first);
+  }
+  return "the model failed" + (where.empty() ? std::string() : " at " + where) + ": " + error;
+}
+
 // One line: errors may carry several (the interpreter lists every mismatch).
 std::string one_line(std::string s) {
+  s = model_error(s);
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {

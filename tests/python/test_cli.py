@@ -219,6 +219,14 @@ def test_wrong_input_count(torchvision_models):
     assert "takes 1 input(s), got 2 --input" in message
 
 
+def test_error_inside_the_model(torchvision_models):
+    message = error_of("trace", torchvision_models / "resnet18.pt", "--input", "2x3")
+    assert message.startswith("the model failed at File ")
+    assert message.endswith("RuntimeError: Expected 3D (unbatched) or 4D (batched) input to conv2d, "
+                            "but got input of size: [2, 3]")
+    assert "conv.py" in message
+
+
 def test_missing_inputs(torchvision_models):
     assert "give the inputs" in error_of("trace", torchvision_models / "resnet18.pt")
 
