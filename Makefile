@@ -49,6 +49,12 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# Headers, library and CMake package: find_package(torchcap) then works with
+# CMAKE_PREFIX_PATH=$(PREFIX) (see examples/consumer).
+.PHONY: install
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
 demo: build
 	$(BUILD_DIR)/torchcap_demo
 
