@@ -55,6 +55,17 @@ test: build
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
+# AddressSanitizer and UndefinedBehaviorSanitizer over torchcap and every test,
+# in a build directory of their own (cmake/sanitize.cmake has the options,
+# tests/lsan.supp the policy on leak suppressions).
+SANITIZE_DIR ?= build-sanitize
+.PHONY: sanitize
+sanitize: deps
+	cmake -S . -B $(SANITIZE_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DTORCHCAP_SANITIZE=address,undefined
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS)
+
 demo: build
 	$(BUILD_DIR)/torchcap_demo
 

@@ -22,7 +22,8 @@ target_compile_options(header_test PRIVATE -Wall -Wextra -Werror)
 
 # The install test: install into a prefix under the build directory, then
 # configure, build and run examples/consumer against it with the same
-# generator and compiler.
+# generator, compiler and (for `make sanitize`) sanitizer flags.
+list(JOIN TORCHCAP_SANITIZE_FLAGS " " consumer_flags)
 add_test(NAME install_test
   COMMAND ${CMAKE_COMMAND}
     -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
@@ -32,5 +33,6 @@ add_test(NAME install_test
     -DCXX_COMPILER=${CMAKE_CXX_COMPILER}
     -DCOMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
     -DBUILD_TYPE=${CMAKE_BUILD_TYPE}
+    "-DCXX_FLAGS=${consumer_flags}"
     -P ${CMAKE_CURRENT_SOURCE_DIR}/install_test.cmake)
 set_tests_properties(install_test PROPERTIES TIMEOUT 900)
