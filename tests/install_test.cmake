@@ -3,7 +3,8 @@
 #  2. configures examples/consumer against that prefix only, with the main
 #     build's generator, compiler, build type and sanitizer flags;
 #  3. builds it (ccache, when the main build uses it, makes this a cache hit
-#     after the first run) and runs it, checking what it prints.
+#     after the first run) and runs it, checking what it prints;
+#  4. checks that the README shows that program and its output verbatim.
 # Every step that fails says which step, with its output.
 foreach(var SOURCE_DIR BUILD_DIR WORK_DIR GENERATOR CXX_COMPILER)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
@@ -99,3 +100,16 @@ foreach(expected
     fail("the consumer's output lacks `${expected}`")
   endif()
 endforeach()
+
+# 4. The README's usage section is this program and what it prints, verbatim,
+#    so that it cannot drift from the truth.
+file(READ ${SOURCE_DIR}/README.md readme)
+file(READ ${SOURCE_DIR}/examples/consumer/main.cpp program)
+string(FIND "${readme}" "${program}" at)
+if(at EQUAL -1)
+  fail("README.md does not show examples/consumer/main.cpp verbatim; copy it into the usage section")
+endif()
+string(FIND "${readme}" "${step_output}" at)
+if(at EQUAL -1)
+  fail("README.md does not show what examples/consumer prints, verbatim; copy this into the usage section:\n${step_output}")
+endif()
