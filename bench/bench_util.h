@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <malloc.h>
+#include <sys/resource.h>
 
 namespace torchcap::bench {
 
@@ -56,6 +57,13 @@ inline size_t rss_bytes() {
   size_t pages = 0, resident = 0;
   statm >> pages >> resident;
   return resident * 4096;
+}
+
+// The process's peak resident set size so far, in bytes (Linux).
+inline size_t peak_rss_bytes() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<size_t>(usage.ru_maxrss) * 1024;
 }
 
 }  // namespace torchcap::bench

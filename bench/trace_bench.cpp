@@ -59,6 +59,7 @@ void trace_benchmarks() {
     print(prefix + "/time_per_node", t / length * 1e6, "us");
     print(prefix + "/graph_memory", graph_bytes / 1048576.0, "MiB");
     print(prefix + "/graph_memory_per_node", static_cast<double>(graph_bytes) / length, "bytes");
+    print(prefix + "/peak_rss_so_far", peak_rss_bytes() / 1048576.0, "MiB");
   }
 }
 

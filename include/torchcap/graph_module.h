@@ -24,6 +24,34 @@ enum class AttributeKind : uint8_t {
 // "parameter", "buffer", "constant".
 const char* attribute_kind_name(AttributeKind k);
 
+// What an output value of the graph is for (torch.export's OutputSpec).
+enum class OutputKind : uint8_t {
+  User,            // part of the program's result, rebuilt by out_spec
+  BufferMutation,  // the new value of buffer `target`, written back after a run
+  InputMutation,   // the new value of input placeholder `target`, written back
+};
+
+// "user", "buffer mutation", "input mutation".
+const char* output_kind_name(OutputKind k);
+
+struct OutputSpec {
+  OutputKind kind = OutputKind::User;
+  std::string target;  // the buffer's attribute name or the placeholder's name
+
+  friend bool operator==(const OutputSpec& a, const OutputSpec& b) {
+    return a.kind == b.kind && a.target == b.target;
+  }
+};
+
+// The roles of a graph's inputs, attributes and outputs.
+struct GraphSignature {
+  std::vector<std::string> user_inputs;  // placeholder names, in order
+  std::vector<std::string> parameters;   // attribute names by kind
+  std::vector<std::string> buffers;
+  std::vector<std::string> constants;
+  std::vector<OutputSpec> outputs;  // one per output value, user outputs first
+};
+
 struct Attribute {
   std::string name;  // dotted path, as in get_attr targets
   at::Tensor value;
@@ -55,19 +83,29 @@ class GraphModule {
   // The structure of the program's arguments (a tuple of them) and result.
   TreeSpec in_spec;
   TreeSpec out_spec;
+  // One per output value when some outputs are mutations (see export.h);
+  // empty when every output value is a user output. User outputs come first
+  // and are the leaves of out_spec.
+  std::vector<OutputSpec> output_specs;
+
+  GraphSignature signature() const;
+  // Output values that are the program's result (the rest are mutations).
+  size_t num_user_outputs() const;
   // Sets the specs for a flat signature: the placeholders are the arguments, in
   // order, and the result is the tuple of the output node's values (a none
   // among them moves from the output node into the spec).
   void set_flat_specs();
 
   // Graph lint plus: every get_attr names an attribute; the number of
-  // placeholders and output values match the specs.
+  // placeholders and output values match the specs; the output specs name
+  // existing buffers and placeholders.
   void lint() const;
 
   // A deep copy of the graph; tensors are shared, not copied.
   GraphModule clone() const;
 
-  // The graph listing (printer.h) preceded by the attributes.
+  // The graph listing (printer.h) preceded by the attributes and specs, and,
+  // when some outputs are mutations, the signature.
   std::string str() const;
 
  private:

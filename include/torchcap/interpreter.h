@@ -47,7 +47,9 @@ class Interpreter {
   // node, its stack trace from the trace, and the original message.
   c10::IValue run(const std::vector<c10::IValue>& inputs, RunStats* stats = nullptr) const;
 
-  // The same, on the flat list of input tensors; returns the flat outputs.
+  // The same, on the flat list of input tensors; returns the flat user
+  // outputs. An exported graph's mutation outputs (export.h) are not
+  // returned: they are written back into the buffers and inputs they update.
   std::vector<at::Tensor> run_flat(const std::vector<at::Tensor>& inputs,
                                    RunStats* stats = nullptr) const;
 

@@ -1,13 +1,80 @@
 // Graph passes: free functions that take a graph and return whether they
-// changed it (STYLE.md 10).
+// changed it (STYLE.md 10), and a pass manager that runs a list of them.
 #pragma once
 
 #include <torchcap/graph.h>
+#include <torchcap/graph_module.h>
+
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace torchcap {
 
 // Removes nodes whose values are never used and that have no side effects
 // (see Node::has_side_effects). Placeholders and the output always stay.
 bool eliminate_dead_code(Graph& g);
+
+// Replaces each call of a pure operator that repeats an earlier call with the
+// same target and the same arguments by that earlier call's result. Pure: no
+// written argument (declared or hidden), no view of an argument, not random
+// (operators tagged nondeterministic_seeded or taking a generator stay
+// distinct), something returned. get_attr and getitem nodes are merged too.
+// The duplicates lose their users; eliminate_dead_code removes them.
+bool eliminate_common_subexpressions(Graph& g);
+
+// Recomputes every node's "val" (dtype, shape, strides) by running the graph
+// on meta tensors, which carry shapes but no data: no real kernel runs.
+// Placeholders keep their recorded metadata (they are the starting point;
+// throws Error naming one that has none); attributes are read from the
+// module. Devices are carried over from the inputs. Throws Error naming the
+// node if an operator has no meta implementation. Returns whether any val
+// changed.
+bool propagate_shapes(GraphModule& gm);
+
+// Thrown when a pass fails; says which pass and which ran before it.
+class PassError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Runs passes in order, optionally until none changes the graph (a
+// fixpoint). In debug builds (or when asked) the module is linted after each
+// pass. If a pass throws, or leaves a graph that does not lint, PassError
+// names it and the passes that ran before it in this run.
+class PassManager {
+ public:
+  using PassFn = std::function<bool(GraphModule&)>;
+
+  PassManager& add(std::string name, PassFn pass);
+  // A pass on the graph alone (eliminate_dead_code, ...).
+  PassManager& add(std::string name, bool (*pass)(Graph&));
+
+  PassManager& until_fixpoint(size_t max_rounds = 16) {
+    fixpoint_ = true;
+    max_rounds_ = max_rounds;
+    return *this;
+  }
+  PassManager& lint_after_each_pass(bool on) {
+    lint_ = on;
+    return *this;
+  }
+
+  // Returns whether any pass changed the module.
+  bool run(GraphModule& gm) const;
+
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<PassFn> passes_;
+  bool fixpoint_ = false;
+  size_t max_rounds_ = 1;
+#ifdef NDEBUG
+  bool lint_ = false;
+#else
+  bool lint_ = true;
+#endif
+};
 
 }  // namespace torchcap

@@ -53,6 +53,11 @@ struct TraceOptions {
   // Qualified operator names ("aten::linear") kept whole when they reach the
   // tracer undecomposed. Unset: default_preserved_ops(inference).
   std::optional<std::vector<std::string>> preserve;
+  // Let the program write to its inputs. The trace then works on copies, so
+  // the caller's tensors are not touched, and the graph records the writes;
+  // export_program (export.h) turns them into outputs. Off by default: a
+  // write to an input is an error naming the input and the operator.
+  bool allow_input_mutation = false;
   // Reading a tensor's value into C++ (`.item()`, `at::equal`, `if (t.is_nonzero())`)
   // bakes the value into the graph. By default that is an error.
   bool allow_data_dependent_values = false;

@@ -18,6 +18,18 @@ const char* attribute_kind_name(AttributeKind k) {
   return "?";
 }
 
+const char* output_kind_name(OutputKind k) {
+  switch (k) {
+    case OutputKind::User:
+      return "user";
+    case OutputKind::BufferMutation:
+      return "buffer mutation";
+    case OutputKind::InputMutation:
+      return "input mutation";
+  }
+  return "?";
+}
+
 GraphModule::GraphModule() : graph_(std::make_unique<Graph>()) {}
 GraphModule::GraphModule(std::unique_ptr<Graph> graph) : graph_(std::move(graph)) {
   if (!graph_) throw Error("GraphModule: the graph is null");
@@ -68,6 +80,42 @@ size_t GraphModule::remove_unused_attributes() {
   return removed;
 }
 
+GraphSignature GraphModule::signature() const {
+  GraphSignature sig;
+  for (const Node* n : *graph_) {
+    if (n->op() == OpCode::Placeholder) sig.user_inputs.push_back(n->name());
+  }
+  for (const Attribute& a : attributes_) {
+    switch (a.kind) {
+      case AttributeKind::Parameter:
+        sig.parameters.push_back(a.name);
+        break;
+      case AttributeKind::Buffer:
+        sig.buffers.push_back(a.name);
+        break;
+      case AttributeKind::Constant:
+        sig.constants.push_back(a.name);
+        break;
+    }
+  }
+  if (!output_specs.empty()) {
+    sig.outputs = output_specs;
+  } else if (const Node* out = graph_->output_node()) {
+    sig.outputs.assign(out->args()[0].to_list().size(), OutputSpec{});
+  }
+  return sig;
+}
+
+size_t GraphModule::num_user_outputs() const {
+  if (output_specs.empty()) {
+    const Node* out = graph_->output_node();
+    return out == nullptr ? 0 : out->args()[0].to_list().size();
+  }
+  size_t n = 0;
+  for (const OutputSpec& s : output_specs) n += s.kind == OutputKind::User ? 1 : 0;
+  return n;
+}
+
 void GraphModule::set_flat_specs() {
   std::vector<TreeSpec> ins(graph_->placeholders().size(), TreeSpec::leaf());
   in_spec = TreeSpec::tuple(std::move(ins));
@@ -102,7 +150,39 @@ void GraphModule::lint() const {
   const ArgumentList& results = graph_->output_node()->args()[0].to_list();
   size_t tensors = 0;
   for (const Argument& a : results) tensors += a.is_node() ? 1 : 0;
-  if (tensors != results.size() || tensors != out_spec.num_leaves()) {
+  if (!output_specs.empty()) {
+    if (output_specs.size() != results.size()) {
+      throw LintError("lint: the output returns " + std::to_string(results.size()) +
+                      " values but there are " + std::to_string(output_specs.size()) +
+                      " output specs");
+    }
+    std::unordered_set<std::string> placeholders_by_name;
+    for (const Node* n : *graph_) {
+      if (n->op() == OpCode::Placeholder) placeholders_by_name.insert(n->name());
+    }
+    bool seen_mutation = false;
+    std::unordered_set<std::string> targets;
+    for (size_t i = 0; i < output_specs.size(); ++i) {
+      const OutputSpec& spec = output_specs[i];
+      std::string where = "lint: output " + std::to_string(i) + " (" + output_kind_name(spec.kind) +
+                          (spec.target.empty() ? "" : " of '" + spec.target + "'") + ")";
+      if (spec.kind == OutputKind::User) {
+        if (seen_mutation) throw LintError(where + " comes after a mutation output");
+        continue;
+      }
+      seen_mutation = true;
+      if (!targets.insert(spec.target).second) throw LintError(where + " updates its target twice");
+      if (spec.kind == OutputKind::BufferMutation &&
+          (!has_attribute(spec.target) || attribute(spec.target).kind == AttributeKind::Constant)) {
+        throw LintError(where + " names no parameter or buffer");
+      }
+      if (spec.kind == OutputKind::InputMutation && placeholders_by_name.count(spec.target) == 0) {
+        throw LintError(where + " names no placeholder");
+      }
+    }
+  }
+  size_t user = num_user_outputs();
+  if (tensors != results.size() || user != out_spec.num_leaves()) {
     throw LintError("lint: the output returns " + std::to_string(tensors) + " tensors and " +
                     std::to_string(results.size() - tensors) + " none(s); the output spec " +
                     out_spec.str() + " expects " + std::to_string(out_spec.num_leaves()) +
@@ -116,6 +196,7 @@ GraphModule GraphModule::clone() const {
   gm.attribute_index_ = attribute_index_;
   gm.in_spec = in_spec;
   gm.out_spec = out_spec;
+  gm.output_specs = output_specs;
   return gm;
 }
 
@@ -126,6 +207,16 @@ std::string GraphModule::str() const {
            (a.value.defined() ? TensorMeta::of(a.value).str() : std::string("undefined")) + "\n";
   }
   out += "# inputs: " + in_spec.str() + "\n# outputs: " + out_spec.str() + "\n";
+  if (!output_specs.empty()) {
+    const ArgumentList& results = graph_->output_node()->args()[0].to_list();
+    out += "# signature:\n";
+    for (size_t i = 0; i < output_specs.size() && i < results.size(); ++i) {
+      const OutputSpec& s = output_specs[i];
+      out += "#   output " + std::to_string(i) + " " +
+             (results[i].is_node() ? "%" + results[i].to_node()->name() : std::string("None")) +
+             ": " + output_kind_name(s.kind) + (s.target.empty() ? "" : " -> " + s.target) + "\n";
+    }
+  }
   return out + format_graph(*graph_);
 }
 

@@ -6,6 +6,7 @@
 // list lives here, reviewed, and is consulted wherever alias info is.
 #pragma once
 
+#include <ATen/core/function_schema.h>
 #include <ATen/core/operator_name.h>
 
 #include <cstddef>
@@ -13,6 +14,9 @@
 
 namespace torchcap {
 namespace detail {
+
+// Whether `a` is a random generator (Generator or Generator?).
+bool is_generator_argument(const c10::Argument& a);
 
 struct HiddenWrites {
   std::vector<size_t> arguments;  // indices of the written arguments

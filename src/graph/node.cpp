@@ -147,10 +147,17 @@ bool Node::has_side_effects() const {
     if (a.alias_info() && a.alias_info()->isWrite()) return true;
   }
   if (const detail::HiddenWrites* hidden = detail::hidden_writes(handle_->operator_name())) {
-    // Writes when the condition argument is true (given positionally or by name).
-    const std::string& flag = s.arguments()[hidden->condition].name();
-    const Argument* cond = hidden->condition < args_.size() ? &args_[hidden->condition] : kwarg(flag);
-    return cond != nullptr && cond->is_bool() && cond->to_bool();
+    // Writes when the condition argument is true, to the written arguments
+    // that are given (positionally or by name).
+    auto given = [&](size_t i) -> const Argument* {
+      return i < args_.size() ? &args_[i] : kwarg(s.arguments()[i].name());
+    };
+    const Argument* cond = given(hidden->condition);
+    if (cond == nullptr || !cond->is_bool() || !cond->to_bool()) return false;
+    for (size_t i : hidden->arguments) {
+      const Argument* a = given(i);
+      if (a != nullptr && a->is_node()) return true;
+    }
   }
   return false;
 }

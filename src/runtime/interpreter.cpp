@@ -4,6 +4,7 @@
 #include <torchcap/printer.h>
 
 #include "graph/schema_check.h"
+#include "runtime/ivalues.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -61,7 +62,15 @@ struct detail::InterpreterPlan {
   std::vector<Instruction> instructions;
   std::vector<at::Tensor> attributes;
   std::vector<InputCheck> inputs;
-  std::vector<Slot> outputs;  // Value, Input or Attribute slots
+  std::vector<Slot> outputs;  // Value, Input or Attribute slots; user outputs first
+  size_t num_user_outputs = 0;
+  // For each output after the user outputs: where its value is written back.
+  struct WriteBack {
+    bool to_input;       // else to an attribute
+    int32_t input;       // placeholder index
+    at::Tensor buffer;   // the attribute's tensor
+  };
+  std::vector<WriteBack> write_backs;
   std::vector<NodeInfo> node_infos;
   int32_t num_values = 0;
   size_t max_args = 0;
@@ -71,61 +80,8 @@ struct detail::InterpreterPlan {
 
 namespace {
 
-const c10::Type& unwrap_optional(const c10::Type& t) {
-  if (t.kind() == c10::TypeKind::OptionalType) {
-    return *t.expectRef<c10::OptionalType>().getElementType();
-  }
-  return t;
-}
-
-// A constant argument as the boxed kernel expects it for a parameter of `type`.
-c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared) {
-  const c10::Type& type = unwrap_optional(declared);
-  using K = c10::TypeKind;
-  if (a.is_none()) return c10::IValue();
-  if (a.is_int()) {
-    if (type.kind() == K::FloatType) return c10::IValue(static_cast<double>(a.to_int()));
-    return c10::IValue(a.to_int());
-  }
-  if (a.is_double()) return c10::IValue(a.to_double());
-  if (a.is_bool()) return c10::IValue(a.to_bool());
-  if (a.is_string()) return c10::IValue(a.to_string());
-  if (a.is_scalar_type()) return c10::IValue(a.to_scalar_type());
-  if (a.is_layout()) return c10::IValue(a.to_layout());
-  if (a.is_memory_format()) return c10::IValue(a.to_memory_format());
-  if (a.is_device()) return c10::IValue(a.to_device());
-  if (a.is_list()) {
-    const c10::Type* elem = type.kind() == K::ListType
-                                ? type.expectRef<c10::ListType>().getElementType().get()
-                                : nullptr;
-    K ek = elem != nullptr ? unwrap_optional(*elem).kind() : K::AnyType;
-    const ArgumentList& l = a.to_list();
-    if (ek == K::IntType || ek == K::SymIntType) {
-      c10::List<int64_t> out;
-      for (const Argument& e : l) out.push_back(e.to_int());
-      return out;
-    }
-    if (ek == K::FloatType) {
-      c10::List<double> out;
-      for (const Argument& e : l) out.push_back(e.is_int() ? double(e.to_int()) : e.to_double());
-      return out;
-    }
-    if (ek == K::BoolType) {
-      c10::List<bool> out;
-      for (const Argument& e : l) out.push_back(e.to_bool());
-      return out;
-    }
-    if (ek == K::TensorType && l.empty()) {
-      return elem->kind() == K::OptionalType
-                 ? c10::IValue(c10::List<c10::optional<at::Tensor>>())
-                 : c10::IValue(c10::List<at::Tensor>());
-    }
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const Argument& e : l) out.push_back(constant_ivalue(e, elem ? *elem : declared));
-    return out;
-  }
-  TORCH_INTERNAL_ASSERT(false, "constant_ivalue: node arguments are not constants");
-}
+using detail::constant_ivalue;
+using detail::unwrap_optional;
 
 class PlanBuilder {
  public:
@@ -164,6 +120,20 @@ class PlanBuilder {
           for (const Argument& a : n->args()[0].to_list()) plan->outputs.push_back(slot_of(a.to_node()));
           break;
       }
+    }
+    plan->num_user_outputs = gm_.num_user_outputs();
+    for (size_t i = plan->num_user_outputs; i < gm_.output_specs.size(); ++i) {
+      const OutputSpec& spec = gm_.output_specs[i];
+      detail::InterpreterPlan::WriteBack wb{false, -1, {}};
+      if (spec.kind == OutputKind::InputMutation) {
+        wb.to_input = true;
+        for (size_t k = 0; k < plan->inputs.size(); ++k) {
+          if (plan->inputs[k].name == spec.target) wb.input = static_cast<int32_t>(k);
+        }
+      } else {
+        wb.buffer = gm_.attribute(spec.target).value;
+      }
+      plan->write_backs.push_back(std::move(wb));
     }
     plan->num_values = next_value_;
     compute_frees(*plan);
@@ -368,7 +338,7 @@ Interpreter::Interpreter(Interpreter&&) noexcept = default;
 Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
 
 size_t Interpreter::num_inputs() const { return plan_->inputs.size(); }
-size_t Interpreter::num_outputs() const { return plan_->outputs.size(); }
+size_t Interpreter::num_outputs() const { return plan_->num_user_outputs; }
 
 std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs,
                                               RunStats* stats) const {
@@ -448,8 +418,16 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
   }
 
   std::vector<at::Tensor> out;
-  out.reserve(plan.outputs.size());
-  for (const Slot& s : plan.outputs) out.push_back(fetch(s, fetch).toTensor());
+  out.reserve(plan.num_user_outputs);
+  for (size_t i = 0; i < plan.num_user_outputs; ++i) out.push_back(fetch(plan.outputs[i], fetch).toTensor());
+  // Writes the program made, which the exported graph returns as values
+  // (export.h): applied now, so a run has the program's effect.
+  for (size_t i = 0; i < plan.write_backs.size(); ++i) {
+    const auto& wb = plan.write_backs[i];
+    at::Tensor value = fetch(plan.outputs[plan.num_user_outputs + i], fetch).toTensor();
+    at::Tensor target = wb.to_input ? inputs[wb.input] : wb.buffer;
+    target.copy_(value);
+  }
   if (stats != nullptr) {
     stats->nodes_executed = plan.instructions.size();
     stats->peak_live_values = peak;

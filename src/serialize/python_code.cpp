@@ -162,9 +162,15 @@ std::string python_code(const GraphModule& gm) {
       freed_after[it->second].push_back(n);
     }
   }
+  // Inputs the graph writes back into (export.h) stay bound to the end.
+  std::unordered_set<std::string> written_inputs;
+  for (const OutputSpec& spec : gm.output_specs) {
+    if (spec.kind == OutputKind::InputMutation) written_inputs.insert(spec.target);
+  }
   for (const Node* p : placeholders) {
     auto it = last_use.find(p);
-    if (it != last_use.end() && it->second->op() != OpCode::Output) {
+    if (it != last_use.end() && it->second->op() != OpCode::Output &&
+        written_inputs.count(p->name()) == 0) {
       freed_after[it->second].push_back(p);
     }
   }
@@ -197,7 +203,17 @@ std::string python_code(const GraphModule& gm) {
       }
       case OpCode::Output: {
         size_t next = 0;
-        const ArgumentList& results = n->args()[0].to_list();
+        const ArgumentList& all_results = n->args()[0].to_list();
+        const size_t num_user = gm.num_user_outputs();
+        // Writes the program made (export.h): applied before returning, so
+        // calling forward has the program's effect.
+        for (size_t i = num_user; i < all_results.size() && i < gm.output_specs.size(); ++i) {
+          const OutputSpec& spec = gm.output_specs[i];
+          std::string target = spec.kind == OutputKind::BufferMutation ? attribute_access(spec.target)
+                                                                        : spec.target;
+          body += "    " + target + ".copy_(" + detail::python_literal(all_results[i], name_of) + ")\n";
+        }
+        const ArgumentList results(all_results.begin(), all_results.begin() + std::min(num_user, all_results.size()));
         if (gm.out_spec.num_leaves() == results.size() && gm.out_spec.kind() != TreeSpec::Kind::None) {
           stmt = "return " + build_output(gm.out_spec, results, next);
         } else {

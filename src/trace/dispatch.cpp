@@ -322,7 +322,11 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   } else {
     val.kind = returns.size() == 1 ? ValueKind::Tensor : ValueKind::Tuple;
   }
-  if (st.options().record_stack_traces) node->meta().stack_trace = StackTrace::capture();
+  if (st.origin() != nullptr) {
+    node->meta().stack_trace = st.origin()->meta().stack_trace;
+  } else if (st.options().record_stack_traces) {
+    node->meta().stack_trace = StackTrace::capture();
+  }
 
   const bool multi = returns.size() > 1;
   for (size_t j = 0; j < returns.size(); ++j) {
@@ -376,7 +380,39 @@ bool has_direct_cpu_kernel(const c10::OperatorHandle& op) {
 }
 
 // Registered as a kernel for every operator that LibTorch does not decompose.
-void traced_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* stack) {
+// Note [Wrappers around traced tensors]
+// A tensor that wraps a traced tensor (functionalization's
+// FunctionalTensorWrapper) copies its dispatch keys, the tracer's among them,
+// and the tracer's key sits above Functionalize. Such a call is not the
+// tracer's yet: it is passed down to the wrapper's own key, whose kernel
+// unwraps and calls the operator again on the traced tensors inside.
+bool has_foreign_tracer_key(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.key_set().has(kTracerKey) && !is_tracing_tensor(t);
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (has_foreign_tracer_key(e)) return true;
+    }
+  }
+  return false;
+}
+
+bool passes_down(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  for (auto it = stack->end() - n; it != stack->end(); ++it) {
+    if (has_foreign_tracer_key(*it)) {
+      op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kTracerKey),
+                         stack);
+      return true;
+    }
+  }
+  return false;
+}
+
+void traced_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
+  if (passes_down(op, ks, stack)) return;
   c10::impl::ExcludeDispatchKeyGuard no_tracer(kTracerKey);
   TraceState* st = current_trace();
   if (st == nullptr) return run_untraced(op, stack);
@@ -386,6 +422,7 @@ void traced_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, Stack* st
 // The fallback: composite operators (which reach the tracer whole only when the
 // autograd keys are skipped) and operators registered after the tracer was.
 void traced_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack* stack) {
+  if (passes_down(op, ks, stack)) return;
   TraceState* st = current_trace();
   if (st != nullptr && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
       !st->preserves(op.operator_name()) && !has_direct_cpu_kernel(op)) {

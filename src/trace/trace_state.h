@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -44,6 +45,15 @@ class TraceState {
   // A plain tensor's value is now `node`'s (after an in-place op on it).
   void rebind_plain(const at::Tensor& t, Node* node);
 
+  // A get_attr node for attribute `name` (added to the module) and a traced
+  // tensor holding `value` as that node's result.
+  at::Tensor attribute_tensor(const std::string& name, const at::Tensor& value, AttributeKind kind);
+
+  // While set, nodes take their stack trace from `origin` instead of
+  // capturing one: a re-trace keeps the first trace's metadata.
+  void set_origin(const Node* origin) { origin_ = origin; }
+  const Node* origin() const { return origin_; }
+
   // Before an operator writes to `t`: an attribute whose memory is about to
   // change keeps its value from before the trace (Note [Attributes written
   // during a trace]).
@@ -65,23 +75,25 @@ class TraceState {
   std::unordered_map<c10::TensorImpl*, Known> known_;
   std::unordered_set<std::string> preserve_;
   int64_t next_constant_ = 0;
+  const Node* origin_ = nullptr;
 };
 
 // The trace active on this thread, or nullptr.
 TraceState* current_trace();
 
-// Makes `state` the active trace of this thread and routes operators on plain
-// tensors to the tracer, until destroyed (normally or by an exception).
+// Makes `state` the active trace of this thread, until destroyed (normally or
+// by an exception). With `capture_plain_tensors`, operators on plain tensors
+// reach the tracer too (the tracer's key is included thread-locally).
 class TraceScope {
  public:
-  explicit TraceScope(TraceState* state);
+  explicit TraceScope(TraceState* state, bool capture_plain_tensors = true);
   ~TraceScope();
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
 
  private:
   TraceState* previous_;
-  c10::impl::IncludeDispatchKeyGuard include_tracer_;
+  std::optional<c10::impl::IncludeDispatchKeyGuard> include_tracer_;
 };
 
 // Registers the dispatch handler (once per process).

@@ -43,7 +43,8 @@ std::string qualified_name(const c10::OperatorName& name) {
 
 TraceState* current_trace() { return tls_current; }
 
-TraceScope::TraceScope(TraceState* state) : previous_(tls_current), include_tracer_(kTracerKey) {
+TraceScope::TraceScope(TraceState* state, bool capture_plain_tensors) : previous_(tls_current) {
+  if (capture_plain_tensors) include_tracer_.emplace(kTracerKey);
   tls_current = state;
 }
 
@@ -127,6 +128,14 @@ Node* TraceState::node_for(const at::Tensor& t, const std::string& what) {
   return node;
 }
 
+at::Tensor TraceState::attribute_tensor(const std::string& name, const at::Tensor& value,
+                                        AttributeKind kind) {
+  module_.set_attribute(name, value, kind);
+  Node* node = graph().get_attr(name);
+  node->meta().val = ValueMeta::tensor(TensorMeta::of(value));
+  return make_tracing_tensor(value, node, id_, /*immutable=*/false);
+}
+
 void TraceState::rebind_plain(const at::Tensor& t, Node* node) {
   auto it = known_.find(t.unsafeGetTensorImpl());
   TORCH_INTERNAL_ASSERT(it != known_.end(), "a written plain tensor was not resolved first");
@@ -179,7 +188,10 @@ GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
     }
     Node* ph = g.placeholder("ph_" + std::to_string(i));
     ph->meta().val = ValueMeta::tensor(TensorMeta::of(t));
-    wrapped.emplace_back(make_tracing_tensor(t.detach(), ph, st.id(), /*immutable=*/true));
+    // Writable inputs are copies: the caller's tensors keep their values.
+    at::Tensor value = options.allow_input_mutation ? t.detach().clone() : t.detach();
+    wrapped.emplace_back(
+        make_tracing_tensor(value, ph, st.id(), /*immutable=*/!options.allow_input_mutation));
   }
   auto args = in_spec.unflatten(wrapped).toTupleRef().elements().vec();
 

@@ -1,0 +1,49 @@
+// Exporting a program: upstream's dispatch_trace, in C++.
+//
+//   export_program = trace -> dead-code elimination -> functionalize
+//
+// Functionalization re-traces the graph by interpreting it under ATen's
+// functionalization pass (the Functionalize dispatch key) with the tracer
+// below it: in-place operators become out-of-place ones and views become
+// `*_copy` operators (views are not reapplied), so the result has no
+// mutation and no aliasing. Node metadata (stack traces) is carried over
+// from the first trace.
+//
+// Mutations that functionalization removes are not lost: the new values of
+// written buffers and inputs become extra outputs, after the user outputs,
+// and GraphModule::output_specs says which output updates which buffer or
+// input (torch.export's graph signature). The Interpreter writes them back
+// after a run, so running the exported graph has the same effect as running
+// the program.
+#pragma once
+
+#include <torchcap/graph_module.h>
+#include <torchcap/tracer.h>
+
+#include <string>
+#include <vector>
+
+namespace torchcap {
+
+// Each entry point mirrors trace() in tracer.h. `options.allow_input_mutation`
+// is implied.
+GraphModule export_program(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options = {});
+GraphModule export_program(torch::nn::Module& module, const TracedFunction& forward,
+                           const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
+GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options = {});
+
+// The functionalizing re-trace of a traced graph, on `inputs` (its program's
+// arguments, as for Interpreter::run). `options.inference_mode` and
+// `options.preserve` should match the first trace.
+GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>& inputs,
+                          const TraceOptions& options = {});
+
+// Whether `g` is free of mutation and aliasing: no operator that writes an
+// argument (declared or not) and no view operator (one whose result aliases an
+// argument); `*_copy` operators are fine. On failure `problem`, if given,
+// names the first offending node.
+bool is_functional(const Graph& g, std::string* problem = nullptr);
+
+}  // namespace torchcap
