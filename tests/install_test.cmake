@@ -1,5 +1,6 @@
 # Run by ctest (see tests/package.cmake) as `cmake -D... -P install_test.cmake`:
-#  1. installs the built torchcap into a fresh prefix, WORK_DIR/prefix;
+#  1. installs the built torchcap into a fresh prefix, WORK_DIR/prefix, and
+#     runs the installed command if there is one;
 #  2. configures examples/consumer against that prefix only, with the main
 #     build's generator, compiler, build type and sanitizer flags;
 #  3. builds it (ccache, when the main build uses it, makes this a cache hit
@@ -44,6 +45,15 @@ if(NOT config_files)
 endif()
 if(NOT library_files)
   fail("no libtorchcap.so in ${prefix}")
+endif()
+
+# The command, once src/cli/ defines it, runs from the prefix (its RUNPATH,
+# $ORIGIN/../lib, finds the installed library).
+if(HAS_COMMAND)
+  if(NOT EXISTS ${prefix}/bin/torchcap)
+    fail("no bin/torchcap in ${prefix}, though the build has the command")
+  endif()
+  run("running the installed command" ${prefix}/bin/torchcap --help)
 endif()
 
 # The installed library must not point back into the build tree (its build

@@ -34,5 +34,6 @@ add_test(NAME install_test
     -DCOMPILER_LAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
     -DBUILD_TYPE=${CMAKE_BUILD_TYPE}
     "-DCXX_FLAGS=${consumer_flags}"
+    -DHAS_COMMAND=$<TARGET_EXISTS:torchcap_cli>
     -P ${CMAKE_CURRENT_SOURCE_DIR}/install_test.cmake)
 set_tests_properties(install_test PROPERTIES TIMEOUT 900)
