@@ -2,6 +2,7 @@
 #
 #   make demo    trace the built-in ResNet-18 and show what was captured
 #   make test    install what is missing, build, run every test through ctest
+#   make fuzz    fuzz the file loader for FUZZ_SECONDS (default 300) with libFuzzer
 #
 # Each target installs missing Debian packages first (`make deps`), so a fresh
 # Debian 12 machine needs nothing else.
@@ -22,7 +23,7 @@ DEB_PACKAGES := \
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps configure build test demo bench clean
+.PHONY: all deps configure build test demo bench fuzz clean
 
 all: build
 
@@ -66,11 +67,40 @@ sanitize: deps
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
 	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# Trace the built-in ResNet-18, save it, show it, run it, draw it.
+DEMO_DIR = $(BUILD_DIR)/demo
 demo: build
-	$(BUILD_DIR)/torchcap_demo
+	@mkdir -p $(DEMO_DIR)
+	@echo "== torchcap trace --example resnet18 -o $(DEMO_DIR)/resnet18.tcg"
+	@$(BUILD_DIR)/torchcap trace --example resnet18 -o $(DEMO_DIR)/resnet18.tcg
+	@echo; echo "== torchcap show $(DEMO_DIR)/resnet18.tcg"
+	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg
+	@echo; echo "== torchcap show --code (first lines)"
+	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg --code | head -12
+	@echo; echo "== torchcap run $(DEMO_DIR)/resnet18.tcg"
+	@$(BUILD_DIR)/torchcap run $(DEMO_DIR)/resnet18.tcg
+	@echo; echo "== torchcap show --svg $(DEMO_DIR)/resnet18.svg"
+	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg --svg $(DEMO_DIR)/resnet18.svg
 
 bench: build
+	$(BUILD_DIR)/serialize_bench
 	$(BUILD_DIR)/torchcap_bench
+
+# libFuzzer over the loader: clang, AddressSanitizer, its own build directory.
+# Seeds are generated valid files; crashes land in $(FUZZ_DIR)/artifacts/.
+# Then the corpus goes to the Python loader too, whose verdicts must agree.
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	cmake -S . -B $(FUZZ_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++ -DTORCHCAP_BUILD_TESTS=OFF -DTORCHCAP_BUILD_FUZZERS=ON
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target load_fuzzer make_fuzz_seeds load_files
+	mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/artifacts
+	$(FUZZ_DIR)/fuzz/make_fuzz_seeds $(FUZZ_DIR)/corpus
+	$(FUZZ_DIR)/fuzz/load_fuzzer -max_total_time=$(FUZZ_SECONDS) -timeout=10 \
+	  -rss_limit_mb=2048 -malloc_limit_mb=512 -dict=fuzz/load.dict -print_final_stats=1 \
+	  -artifact_prefix=$(FUZZ_DIR)/artifacts/ $(FUZZ_DIR)/corpus
+	/usr/bin/python3 fuzz/compare_loaders.py $(FUZZ_DIR)/fuzz/load_files $(FUZZ_DIR)/corpus
 
 clean:
 	rm -rf $(BUILD_DIR)

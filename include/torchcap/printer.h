@@ -35,3 +35,11 @@ std::string python_code(const GraphModule& gm);
 std::string python_float_repr(double v);
 
 }  // namespace torchcap
+
+namespace torchcap {
+
+// The graph as Graphviz source: one box per node (name, target, type), an
+// edge per use. Deterministic; render with `dot -Tsvg`.
+std::string graphviz_dot(const Graph& g);
+
+}  // namespace torchcap

@@ -10,6 +10,7 @@
 #include <torchcap/node.h>
 #include <torchcap/passes.h>
 #include <torchcap/printer.h>
+#include <torchcap/serialize.h>
 #include <torchcap/summary.h>
 #include <torchcap/tracer.h>
 #include <torchcap/tracing_tensor.h>

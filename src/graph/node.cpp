@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 namespace torchcap {
 
@@ -104,6 +105,9 @@ std::vector<Node*> Node::replace_all_uses_with(Node* replacement) {
 // single write path (STYLE.md 2). Collecting validates before anything changes.
 std::vector<Node*> Node::collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const {
   std::vector<Node*> fresh;
+  // Short lists are searched; long ones (a cat of thousands of values) are
+  // indexed, or creating the node would be quadratic in its inputs.
+  std::unordered_set<Node*> seen;
   auto add = [&](Node* n) {
     if (n == nullptr) {
       throw Error("node %" + name_ + ": an argument refers to a null node");
@@ -112,7 +116,13 @@ std::vector<Node*> Node::collect_inputs(const ArgumentList& args, const Kwargs& 
       throw Error("node %" + name_ + ": argument %" + n->name_ +
                   " belongs to a different graph");
     }
-    if (std::find(fresh.begin(), fresh.end(), n) == fresh.end()) fresh.push_back(n);
+    if (fresh.size() < 16) {
+      if (std::find(fresh.begin(), fresh.end(), n) != fresh.end()) return;
+    } else {
+      if (seen.empty()) seen.insert(fresh.begin(), fresh.end());
+      if (!seen.insert(n).second) return;
+    }
+    fresh.push_back(n);
   };
   for (const Argument& a : args) a.for_each_node(add);
   for (const auto& kv : kwargs) kv.second.for_each_node(add);

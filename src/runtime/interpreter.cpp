@@ -215,9 +215,7 @@ class PlanBuilder {
     Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
     const c10::FunctionSchema& schema = n.schema();
     const auto& params = schema.arguments();
-    std::vector<const Argument*> given(params.size(), nullptr);
-    for (size_t i = 0; i < n.args().size(); ++i) given[i] = &n.args()[i];
-    for (const auto& kv : n.kwargs()) given[*schema.argumentIndexWithName(kv.first)] = &kv.second;
+    std::vector<const Argument*> given = detail::given_arguments(n);
     for (size_t i = 0; i < params.size(); ++i) {
       if (given[i] != nullptr) {
         ins.args.push_back(argument_slot(*given[i], *params[i].real_type()));

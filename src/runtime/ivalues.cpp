@@ -85,13 +85,18 @@ c10::IValue argument_ivalue(const Argument& a, const c10::Type& declared,
   return constant_ivalue(a, declared);
 }
 
-std::vector<c10::IValue> call_stack(const Node& n,
-                                    const std::function<c10::IValue(const Node*)>& value_of) {
+std::vector<const Argument*> given_arguments(const Node& n) {
   const c10::FunctionSchema& schema = n.schema();
-  const auto& params = schema.arguments();
-  std::vector<const Argument*> given(params.size(), nullptr);
+  std::vector<const Argument*> given(schema.arguments().size(), nullptr);
   for (size_t i = 0; i < n.args().size(); ++i) given[i] = &n.args()[i];
   for (const auto& kv : n.kwargs()) given[*schema.argumentIndexWithName(kv.first)] = &kv.second;
+  return given;
+}
+
+std::vector<c10::IValue> call_stack(const Node& n,
+                                    const std::function<c10::IValue(const Node*)>& value_of) {
+  const auto& params = n.schema().arguments();
+  std::vector<const Argument*> given = given_arguments(n);
   std::vector<c10::IValue> stack;
   stack.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {

@@ -27,6 +27,10 @@ c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared);
 c10::IValue argument_ivalue(const Argument& a, const c10::Type& declared,
                             const std::function<c10::IValue(const Node*)>& value_of);
 
+// For each parameter of an operator node's schema, the argument given for it
+// (positionally or by keyword), or nullptr.
+std::vector<const Argument*> given_arguments(const Node& n);
+
 // The full argument stack of an operator node: positional and keyword
 // arguments in schema order, defaults filled in.
 std::vector<c10::IValue> call_stack(const Node& n,

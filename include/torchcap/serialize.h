@@ -1,0 +1,50 @@
+// Saving a GraphModule to a `.tcg` file and loading it back (docs/FORMAT.md).
+//
+// A file holds the graph, its metadata, its specs and its attribute tensors.
+// Loading verifies everything before building anything the caller sees, and
+// reports the first problem as a FormatError naming it and its byte offset
+// ("model.tcg: byte 8: format version 2.0 is not supported ..."). A damaged or
+// hostile file never crashes the loader, never makes it hang, and never makes
+// it allocate more than a small multiple of the file's size.
+//
+// Ownership of loaded tensors: `load` maps the file copy-on-write and the
+// attribute tensors point into the mapping without copying. Each tensor holds
+// a reference to the mapping, which is unmapped when the last of them goes;
+// the file may be renamed or deleted meanwhile. Writing to a loaded tensor
+// changes the process's private copy of that page, never the file. Truncating
+// the file while it is loaded is not supported: the kernel raises SIGBUS on
+// access to pages past the new end.
+#pragma once
+
+#include <torchcap/graph_module.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace torchcap {
+
+// The format version this build writes. A reader accepts files of its major
+// version with any minor version (minor versions only add optional content).
+inline constexpr uint16_t kFormatMajorVersion = 1;
+inline constexpr uint16_t kFormatMinorVersion = 0;
+
+// Writes `gm` to `path`. The bytes go to a temporary file in the same
+// directory, which is flushed to disk and then renamed over `path`: a crash
+// leaves either the old file or the new one under that name, never half of
+// one. Throws FormatError if the module cannot be stored (a non-CPU or
+// quantized tensor, a string that is not UTF-8) or the file cannot be written.
+void save(const GraphModule& gm, const std::string& path);
+
+// The bytes `save` would write.
+std::string save_to_string(const GraphModule& gm);
+
+// Reads and verifies a file written by `save`. Throws FormatError.
+GraphModule load(const std::string& path);
+
+// The same, from bytes in memory. The bytes are copied once into an aligned
+// block that the tensors then share, so `data` may be freed afterwards.
+// `source` names the bytes in error messages.
+GraphModule load_from_buffer(const void* data, size_t size, const std::string& source = "buffer");
+
+}  // namespace torchcap

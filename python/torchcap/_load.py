@@ -1,0 +1,1056 @@
+"""Reading `.tcg` files (docs/FORMAT.md) into torch.fx.GraphModules.
+
+The reader checks what it relies on, in file order, and raises ValueError
+naming the first problem and, where it has one, its byte offset:
+
+    model.tcg: byte 8: format version 2.0 is not supported; ...
+
+It does not check operator schemas: a call with arguments that do not fit its
+operator fails when the module runs, as any torch.fx call would. The C++
+loader (torchcap::load) checks schemas as well.
+
+Tensors are not copied: the file is mapped copy-on-write (mmap.ACCESS_COPY)
+and each tensor is a view of the mapping, which stays open as long as a tensor
+uses it. Writing to a tensor changes this process's copy of the page only.
+"""
+
+import json
+import keyword
+import math
+import mmap
+import operator
+import os
+import re
+import stat
+import struct
+
+import torch
+import torch.fx
+from torch.fx.graph import CodeGen
+
+FORMAT_MAJOR_VERSION = 1
+FORMAT_MINOR_VERSION = 0
+
+_MAGIC = b"\x89TCG\r\n\x1a\n"
+# magic, major, minor, header size, file size, JSON offset, JSON size,
+# data offset, data size, alignment, flags
+_HEADER = struct.Struct("<8sHHIQQQQQII")
+_HEADER_SIZE = 64
+_ALIGNMENT = 64
+_MAX_DIMS = 64
+_MAX_JSON_SIZE = 1 << 30
+_INT64_MAX = (1 << 63) - 1
+_WORD = re.compile(r"\w+")
+
+# Dtypes whose tensors the data section holds, and the others an argument or
+# a value's metadata may name.
+_STORABLE_DTYPES = {
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex32": torch.complex32,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "bool": torch.bool,
+    "bfloat16": torch.bfloat16,
+}
+# Element sizes, without making a tensor (complex32 warns when one is made).
+_ITEM_SIZES = {
+    "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4,
+    "float64": 8, "complex32": 4, "complex64": 8, "complex128": 16, "bool": 1, "bfloat16": 2,
+}
+_DTYPES = dict(
+    _STORABLE_DTYPES,
+    qint8=torch.qint8,
+    quint8=torch.quint8,
+    qint32=torch.qint32,
+    quint4x2=torch.quint4x2,
+    quint2x4=torch.quint2x4,
+)
+_LAYOUTS = {
+    "strided": torch.strided,
+    "sparse_coo": torch.sparse_coo,
+    "sparse_csr": torch.sparse_csr,
+    "sparse_csc": torch.sparse_csc,
+    "sparse_bsr": torch.sparse_bsr,
+    "sparse_bsc": torch.sparse_bsc,
+    "_mkldnn": torch._mkldnn,
+}
+_MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format,
+    "preserve_format": torch.preserve_format,
+    "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d,
+}
+_NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+
+
+class _Spec:
+    """A tree spec: kind is leaf, none, constant, tuple, list or dict."""
+
+    __slots__ = ("kind", "children", "keys", "value", "num_leaves")
+
+    def __init__(self, kind, children=(), keys=(), value=None):
+        self.kind = kind
+        self.children = list(children)
+        self.keys = list(keys)
+        self.value = value
+        self.num_leaves = 1 if kind == "leaf" else sum(c.num_leaves for c in self.children)
+
+
+def _spec_leaf_paths(spec, root):
+    """(spec, access expression) of every leaf below `spec`, in order, without recursion."""
+    out = []
+    stack = [(spec, root)]
+    while stack:
+        s, path = stack.pop()
+        if s.kind == "leaf":
+            out.append(path)
+            continue
+        for k in reversed(range(len(s.children))):
+            key = repr(s.keys[k]) if s.kind == "dict" else str(k)
+            stack.append((s.children[k], f"{path}[{key}]"))
+    return out
+
+
+def _spec_expression(spec, leaves):
+    """Python source that builds `spec`'s structure from the names in `leaves` (consumed)."""
+    if spec.kind == "leaf":
+        return leaves.pop(0)
+    if spec.kind == "none":
+        return "None"
+    if spec.kind == "constant":
+        v = spec.value
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"float({str(v)!r})"
+        return repr(v)
+    parts = [_spec_expression(c, leaves) for c in spec.children]
+    if spec.kind == "tuple":
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    if spec.kind == "list":
+        return "[" + ", ".join(parts) + "]"
+    return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(spec.keys, parts)) + "}"
+
+
+def _spec_flatten(spec, value):
+    """The leaves of `value` by `spec`; constants and None are skipped."""
+    if spec.kind == "leaf":
+        return [value]
+    if spec.kind in ("none", "constant"):
+        return []
+    out = []
+    items = [value[k] for k in spec.keys] if spec.kind == "dict" else list(value)
+    for child, item in zip(spec.children, items):
+        out.extend(_spec_flatten(child, item))
+    return out
+
+
+def _spec_unflatten(spec, leaves):
+    if spec.kind == "leaf":
+        return leaves.pop(0)
+    if spec.kind == "none":
+        return None
+    if spec.kind == "constant":
+        return spec.value
+    parts = [_spec_unflatten(c, leaves) for c in spec.children]
+    if spec.kind == "tuple":
+        return tuple(parts)
+    if spec.kind == "list":
+        return parts
+    return dict(zip(spec.keys, parts))
+
+
+class TorchcapCodeGen(CodeGen):
+    """forward() takes the program's nested arguments and returns its nested result.
+
+    Each top-level element of the input spec is one parameter of forward: a
+    tensor parameter is its placeholder; a nested one is unpacked into its
+    placeholders by indexing. Constants and None in the input spec were
+    specialised when the program was captured: their parameters are accepted
+    and ignored. The return statement rebuilds the output spec's structure.
+    """
+
+    def __init__(self, in_spec, out_spec, mutations=(), placeholders=None):
+        super().__init__()
+        self.in_spec = in_spec
+        self.out_spec = out_spec
+        # (kind, target) of the output values after the user outputs: the new
+        # values of buffers and inputs the program wrote (the signature).
+        self.mutations = list(mutations)
+        self.placeholders = placeholders or {}  # the file's placeholder names -> nodes
+
+    def gen_fn_def(self, free_vars, maybe_return_annotation):
+        placeholders = list(free_vars)
+        if placeholders and placeholders[0] == "self":
+            placeholders = placeholders[1:]
+        taken = set(placeholders)
+        top = self.in_spec.children if self.in_spec.kind == "tuple" else [self.in_spec]
+        params, lines, next_leaf = ["self"], [], 0
+        for i, child in enumerate(top):
+            if child.kind == "leaf":
+                params.append(placeholders[next_leaf])
+                next_leaf += 1
+                continue
+            param = f"arg{i}"
+            while param in taken:
+                param += "_"
+            taken.add(param)
+            params.append(param)
+            for path in _spec_leaf_paths(child, param):
+                lines.append(f"    {placeholders[next_leaf]} = {path}")
+                next_leaf += 1
+        head = f"def forward({', '.join(params)}){maybe_return_annotation}:"
+        return "\n".join([head] + lines)
+
+    def generate_output(self, output_args):
+        # With mutations the output node holds (results, written inputs): the
+        # second part only keeps those placeholders alive to the end.
+        results = output_args[0] if self.mutations else output_args
+        num_user = len(results) - len(self.mutations)
+        # The writes the program made are applied before returning, so calling
+        # forward has the program's effect.
+        lines = []
+        for (kind, target), value in zip(self.mutations, results[num_user:]):
+            dest = (_attribute_expression(target) if kind == "buffer_mutation"
+                    else repr(self.placeholders[target]))
+            lines.append(f"{dest}.copy_({value!r})")
+        leaves = [repr(a) for a in results[:num_user]]
+        lines.append("return " + _spec_expression(self.out_spec, leaves))
+        return "\n".join(lines)
+
+    def process_inputs(self, *args):
+        value = tuple(args) if self.in_spec.kind == "tuple" else args[0]
+        return _spec_flatten(self.in_spec, value)
+
+    def process_outputs(self, outputs):
+        results = outputs[0] if self.mutations else outputs
+        return _spec_unflatten(self.out_spec, list(results[:len(results) - len(self.mutations)]))
+
+
+def _attribute_expression(path):
+    """self.a.b, with getattr(..., '0') for parts that are not identifiers."""
+    expr = "self"
+    for part in path.split("."):
+        if part.isidentifier() and not keyword.iskeyword(part):
+            expr += "." + part
+        else:
+            expr = f"getattr({expr}, {part!r})"
+    return expr
+
+
+class _Reader:
+    def __init__(self, path, buf):
+        self.path = path
+        self.buf = buf
+        self.strict = True
+        self._scan = None
+        self._big_integer = False
+
+    # --- Errors ---------------------------------------------------------------
+
+    def fail(self, offset, what):
+        if callable(offset):  # computed only now that it is needed
+            offset = offset()
+        raise ValueError(f"{self.path}: byte {offset}: {what}")
+
+    def element_offset(self, key, index):
+        """The byte where element `index` of top-level array `key` starts.
+
+        Found by a scan of the JSON text that only runs when an error needs it.
+        """
+        if self._scan is None:
+            self._scan = _scan_json(self.buf[self.json_offset : self.json_offset + self.json_size])
+        values, elements = self._scan
+        if key in elements and index < len(elements[key]):
+            return self.json_offset + elements[key][index]
+        return self.json_offset + values.get(key, 0)
+
+    # --- Header ---------------------------------------------------------------
+
+    def read_header(self):
+        size = len(self.buf)
+        if size < 8 or self.buf[:8] != _MAGIC:
+            self.fail(0, "not a torchcap graph file (the first 8 bytes are not the .tcg magic)")
+        if size < _HEADER_SIZE:
+            self.fail(size, f"the file ends after {size} bytes, inside the 64-byte header")
+        (_, major, minor, header_size, file_size, json_offset, json_size, data_offset,
+         data_size, alignment, flags) = _HEADER.unpack_from(self.buf, 0)
+        if major != FORMAT_MAJOR_VERSION:
+            self.fail(8, f"format version {major}.{minor} is not supported; this torchcap "
+                         f"reads version {FORMAT_MAJOR_VERSION}.x")
+        self.strict = minor <= FORMAT_MINOR_VERSION
+        if header_size < _HEADER_SIZE or header_size > size:
+            self.fail(12, f"header size {header_size} is not between 64 and the file size {size}")
+        if file_size != size:
+            self.fail(16, f"the header gives the file size as {file_size} bytes but the file has "
+                          f"{size}" + (" (truncated)" if file_size > size else " (trailing bytes)"))
+        if alignment != _ALIGNMENT:
+            self.fail(56, f"alignment {alignment} is not {_ALIGNMENT}")
+        if self.strict and flags != 0:
+            self.fail(60, f"unknown flags {flags:#x} for version {major}.{minor}")
+        if json_offset < header_size or json_offset > size:
+            self.fail(24, f"the JSON section's offset {json_offset} is not between the end of "
+                          "the header and the end of the file")
+        if json_size > size - json_offset:
+            self.fail(32, f"the JSON section [{json_offset}, +{json_size}) extends past the end "
+                          f"of the file at {size}")
+        if json_size > _MAX_JSON_SIZE:
+            self.fail(32, f"the JSON section is {json_size} bytes; the format allows at most "
+                          f"{_MAX_JSON_SIZE}")
+        json_end = json_offset + json_size
+        if data_offset % _ALIGNMENT or data_offset < json_end or data_offset > size:
+            self.fail(40, f"the data section's offset {data_offset} is not a multiple of 64 "
+                          f"between the end of the JSON section at {json_end} and the end of "
+                          "the file")
+        if data_size > size - data_offset:
+            self.fail(48, f"the data section [{data_offset}, +{data_size}) extends past the end "
+                          f"of the file at {size}")
+        self.json_offset, self.json_size = json_offset, json_size
+        self.data_offset, self.data_size = data_offset, data_size
+
+    # --- JSON -----------------------------------------------------------------
+
+    def read_json(self):
+        raw = bytes(self.buf[self.json_offset : self.json_offset + self.json_size])
+        nul = raw.find(b"\0")
+        if nul >= 0:
+            self.fail(self.json_offset + nul, "the JSON section contains a NUL byte")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(self.json_offset + e.start, "the JSON section is not valid UTF-8")
+        try:
+            doc = json.loads(text, parse_constant=self._reject_constant,
+                             parse_float=self._parse_float, parse_int=self._parse_int)
+        except json.JSONDecodeError as e:
+            at = self.json_offset + len(text[: e.pos].encode("utf-8"))
+            self.fail(at, f"the JSON section is not valid JSON: {e.msg}")
+        except RecursionError:
+            self.fail(self.json_offset, "the JSON nests too deeply")
+        if self._big_integer:
+            # Where: the scan finds the first such literal, as the C++ reader's does.
+            at, literal = _first_big_integer(raw)
+            self.fail(self.json_offset + at, f"integer {literal} does not fit in 64 signed bits")
+        if not isinstance(doc, dict):
+            self.fail(self.json_offset, "the JSON section must hold an object, not "
+                                        f"{_json_type(doc)}")
+        self.doc = doc
+        self.check_keys(doc, ("nodes", "attributes", "tensors", "in_spec", "out_spec",
+                              "signature"), self.json_offset, "")
+
+    def _parse_int(self, text):
+        value = int(text)
+        if not -(1 << 63) <= value <= _INT64_MAX:
+            self._big_integer = True
+        return value
+
+    def _parse_float(self, text):
+        # A number too large for a double: Python would read inf, C++ refuses.
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError(f"{self.path}: byte {self.json_offset}: the JSON section is not "
+                             f"valid JSON: number overflow parsing '{text}'")
+        return value
+
+    def _reject_constant(self, name):
+        # Python's json accepts NaN and Infinity; JSON and the format do not.
+        raise ValueError(f"{self.path}: byte {self.json_offset}: the JSON section is not valid "
+                         f"JSON: {name} is not a JSON value")
+
+    def top(self, key):
+        if key not in self.doc:
+            self.fail(self.json_offset, f"the JSON section has no '{key}'")
+        return self.doc[key]
+
+    def check_keys(self, obj, allowed, offset, label):
+        if not self.strict:
+            return
+        for k in obj:
+            if k not in allowed:
+                self.fail(offset, f"{label}unknown key '{k}'")
+
+    # --- Typed fields ---------------------------------------------------------
+
+    def expect(self, value, kind, offset, label):
+        types = {"object": dict, "array": list, "string": str}
+        if not isinstance(value, types[kind]):
+            article = "an" if kind[0] in "aeiou" else "a"
+            self.fail(offset, f"{label}expected {article} {kind}, got {_json_type(value)}")
+        return value
+
+    def member(self, obj, key, offset, label):
+        if key not in obj:
+            self.fail(offset, f"{label}missing '{key}'")
+        return obj[key]
+
+    def integer(self, value, offset, label, minimum=-(1 << 63)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(offset, f"{label}expected an integer, got {_json_type(value)}")
+        if not -(1 << 63) <= value <= _INT64_MAX:
+            self.fail(offset, f"{label}integer {value} does not fit in 64 signed bits")
+        if value < minimum:
+            self.fail(offset, f"{label}expected a non-negative integer, got {value}")
+        return value
+
+    def dims(self, value, offset, label, non_negative):
+        self.expect(value, "array", offset, label)
+        if len(value) > _MAX_DIMS:
+            self.fail(offset, f"{label}{len(value)} dimensions; the format allows at most "
+                              f"{_MAX_DIMS}")
+        lo = 0 if non_negative else -(1 << 63)
+        return [self.integer(v, offset, f"{label[:-2]}[{i}]: ", lo) for i, v in enumerate(value)]
+
+    def float_value(self, value, offset, label):
+        if isinstance(value, float):
+            return value
+        self.expect(value, "string", offset, label)
+        if value in _NONFINITE:
+            return _NONFINITE[value]
+        if len(value) == 18 and value.startswith("0x"):
+            try:
+                d = struct.unpack("<d", int(value[2:], 16).to_bytes(8, "little"))[0]
+            except ValueError:
+                d = 0.0
+            if not math.isfinite(d):
+                return d
+        self.fail(offset, f"{label}'{value}' is not inf, -inf, nan or the 0x bits of a NaN")
+
+    def named(self, table, value, what, offset, label):
+        self.expect(value, "string", offset, label)
+        if value not in table:
+            self.fail(offset, f"{label}unknown {what} '{value}'")
+        return table[value]
+
+    def device(self, value, offset, label):
+        self.expect(value, "string", offset, label)
+        try:
+            return torch.device(value)
+        except RuntimeError:
+            self.fail(offset, f"{label}'{value}' is not a device")
+
+    # --- Tensors --------------------------------------------------------------
+
+    def read_tensors(self):
+        table = self.expect(self.top("tensors"), "array", self.json_offset, "'tensors': ")
+        self.tensors, names, ranges = [], set(), []
+        for i, entry in enumerate(table):
+            t = _Lazy(lambda i=i: self.element_offset("tensors", i))
+            label = f"tensors[{i}]: "
+            self.expect(entry, "object", t.offset, label)
+            self.check_keys(entry, ("name", "dtype", "sizes", "strides", "offset", "length"),
+                            t.offset, label)
+            name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
+                               label + "name: ")
+            if not name:
+                self.fail(t.offset, label + "name: the name is empty")
+            label = f"tensor '{name}' (tensors[{i}]): "
+            if name in names:
+                self.fail(t.offset, label + "name: a second tensor has this name")
+            names.add(name)
+            dtype_name = self.expect(self.member(entry, "dtype", t.offset, label), "string",
+                                     t.offset, label + "dtype: ")
+            if dtype_name not in _DTYPES:
+                self.fail(t.offset, f"{label}dtype: unknown dtype '{dtype_name}'")
+            if dtype_name not in _STORABLE_DTYPES:
+                self.fail(t.offset, f"{label}dtype: tensors of dtype {dtype_name} cannot be "
+                                    "stored in the data section")
+            dtype = _STORABLE_DTYPES[dtype_name]
+            sizes = self.dims(self.member(entry, "sizes", t.offset, label), t.offset,
+                              label + "sizes: ", True)
+            strides = self.dims(self.member(entry, "strides", t.offset, label), t.offset,
+                                label + "strides: ", True)
+            if len(strides) != len(sizes):
+                self.fail(t.offset, f"{label}strides: {len(strides)} strides for {len(sizes)} "
+                                    "dimensions")
+            offset = self.integer(self.member(entry, "offset", t.offset, label), t.offset,
+                                  label + "offset: ", 0)
+            length = self.integer(self.member(entry, "length", t.offset, label), t.offset,
+                                  label + "length: ", 0)
+            item = _ITEM_SIZES[dtype_name]
+            if any(s == 0 for s in sizes):
+                span = 0
+            else:
+                span = (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * item
+            numel = math.prod(sizes)
+            if span > _INT64_MAX or numel > _INT64_MAX:
+                self.fail(t.offset, f"{label}sizes {sizes} with strides {strides} span more "
+                                    "bytes than 64 bits can count")
+            if length != span:
+                self.fail(t.offset, f"{label}length: byte length {length} does not match dtype "
+                                    f"{dtype_name}, sizes {sizes} and strides {strides}, which "
+                                    f"span {span} bytes")
+            if offset % _ALIGNMENT:
+                self.fail(t.offset, f"{label}offset: offset {offset} is not a multiple of "
+                                    f"{_ALIGNMENT}")
+            if offset > self.data_size or length > self.data_size - offset:
+                self.fail(t.offset, f"{label}bytes [{offset}, {offset + length}) of the data "
+                                    f"section extend past its end at {self.data_size}")
+            if length:
+                ranges.append((offset, length, i, name))
+            start = self.data_offset + offset
+            if length == 0:
+                tensor = torch.empty_strided(sizes, strides, dtype=dtype)
+            else:
+                flat = torch.frombuffer(self.buf, dtype=dtype, count=length // item, offset=start)
+                tensor = flat.as_strided(sizes, strides)
+            if dtype == torch.bool and length:
+                raw = torch.frombuffer(self.buf, dtype=torch.uint8, count=length, offset=start)
+                bad = (raw > 1).nonzero()
+                if len(bad):
+                    k = int(bad[0])
+                    self.fail(start + k, f"{label[:-2]}: bool byte {int(raw[k])} is neither 0 "
+                                         "nor 1")
+            self.tensors.append(tensor)
+        ranges.sort()
+        for (o1, l1, i1, n1), (o2, _, i2, n2) in zip(ranges, ranges[1:]):
+            if o2 < o1 + l1:
+                # Named at the later of the two table entries, as if read in order.
+                (index, name), other = ((i2, n2), n1) if i2 > i1 else ((i1, n1), n2)
+                self.fail(self.element_offset("tensors", index),
+                          f"tensor '{name}' (tensors[{index}]): its bytes overlap those of "
+                          f"tensor '{other}'")
+
+    # --- Attributes -----------------------------------------------------------
+
+    def read_attributes(self):
+        table = self.expect(self.top("attributes"), "array", self.json_offset, "'attributes': ")
+        self.attributes, names = [], set()
+        for i, entry in enumerate(table):
+            t = _Lazy(lambda i=i: self.element_offset("attributes", i))
+            label = f"attributes[{i}]: "
+            self.expect(entry, "object", t.offset, label)
+            self.check_keys(entry, ("name", "kind", "tensor"), t.offset, label)
+            name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
+                               label + "name: ")
+            label = f"attribute '{name}' (attributes[{i}]): "
+            if not name or any(part == "" for part in name.split(".")):
+                self.fail(t.offset, label + "name: the name is not a dotted path of non-empty "
+                                            "parts")
+            # torch.fx writes the parts into generated source, quoted but not
+            # escaped (getattr(self, "0")): only word characters are safe there.
+            if not all(_WORD.fullmatch(part) for part in name.split(".")):
+                self.fail(t.offset, label + "name: Python code cannot name it (a part is not "
+                                            "made of letters, digits and underscores)")
+            if name in names:
+                self.fail(t.offset, label + "name: a second attribute has this name")
+            names.add(name)
+            kind = self.expect(self.member(entry, "kind", t.offset, label), "string", t.offset,
+                               label + "kind: ")
+            if kind not in ("parameter", "buffer", "constant"):
+                self.fail(t.offset, f"{label}kind: unknown attribute kind '{kind}'")
+            index = self.member(entry, "tensor", t.offset, label)
+            tensor = None
+            if index is not None:
+                index = self.integer(index, t.offset, label + "tensor: ")
+                if not 0 <= index < len(self.tensors):
+                    self.fail(t.offset, f"{label}tensor: tensor index {index} is not in the "
+                                        f"tensor table of {len(self.tensors)}")
+                tensor = self.tensors[index]
+            self.attributes.append((name, kind, tensor))
+
+    # --- Nodes ----------------------------------------------------------------
+
+    def argument(self, value, env, offset, label):
+        if value is None or isinstance(value, (bool, int, str)):
+            if isinstance(value, int) and not isinstance(value, bool):
+                self.integer(value, offset, label)
+            return value
+        if isinstance(value, float):
+            return value
+        if isinstance(value, list):
+            return [self.argument(v, env, offset, f"{label[:-2]}[{i}]: ")
+                    for i, v in enumerate(value)]
+        if len(value) != 1:
+            self.fail(offset, f"{label}a typed argument is an object with exactly one key")
+        (kind, v), = value.items()
+        sub = f"{label[:-2]}.{kind}: "
+        if kind == "node":
+            self.expect(v, "string", offset, sub)
+            if v not in env:
+                self.fail(offset, f"{sub}%{v} is not a node defined before this one")
+            return env[v]
+        if kind == "float":
+            return self.float_value(v, offset, sub)
+        if kind == "dtype":
+            return self.named(_DTYPES, v, "dtype", offset, sub)
+        if kind == "layout":
+            return self.named(_LAYOUTS, v, "layout", offset, sub)
+        if kind == "memory_format":
+            return self.named(_MEMORY_FORMATS, v, "memory format", offset, sub)
+        if kind == "device":
+            return self.device(v, offset, sub)
+        self.fail(offset, f"{label}unknown argument kind '{kind}'")
+
+    def operator(self, target, offset, label):
+        ns, sep, rest = target.partition("::")
+        if not sep or not ns or not rest:
+            self.fail(offset, f"{label}'{target}' is not a qualified operator name; expected "
+                              "namespace::name[.overload], e.g. aten::add.Tensor")
+        name, _, overload = rest.partition(".")
+        op = None
+        # The default overload is written without a name ("aten::addmm"), as
+        # LibTorch names it; "aten::addmm.default" is not an operator name.
+        if overload != "default":
+            try:
+                op = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+            except (AttributeError, RuntimeError):
+                pass
+        # getattr also finds Python attributes of the packet (__call__, ...).
+        if not isinstance(op, torch._ops.OpOverload):
+            self.fail(offset, f"{label}call_function: no operator {target} is registered")
+        return op
+
+    def check_kwargs(self, op, target, kwargs, offset, label):
+        # Keyword names end up in generated source: only the schema's own names
+        # may get there (the C++ loader checks the whole schema).
+        names = {a.name for a in op._schema.arguments}
+        for k in kwargs:
+            if k not in names:
+                self.fail(offset, f"{label}{target} has no argument named '{k}'")
+
+    def meta(self, node, value, offset, label):
+        self.expect(value, "object", offset, label)
+        self.check_keys(value, ("val", "stack_trace"), offset, label)
+        if "val" in value:
+            val = value["val"]
+            vlabel = label[:-2] + ".val: "
+            self.expect(val, "object", offset, vlabel)
+            kind = self.expect(self.member(val, "kind", offset, vlabel), "string", offset, vlabel)
+            tensors = self.expect(self.member(val, "tensors", offset, vlabel), "array", offset,
+                                  vlabel)
+            want = {"tensor": 1, "none": 0}.get(kind)
+            if kind not in ("tensor", "tuple", "list", "none"):
+                self.fail(offset, f"{vlabel[:-2]}.kind: unknown value kind '{kind}'")
+            if want is not None and len(tensors) != want:
+                self.fail(offset, f"{vlabel[:-2]}.tensors: a value of kind '{kind}' has {want} "
+                                  f"tensor(s), not {len(tensors)}")
+            metas = []
+            for i, t in enumerate(tensors):
+                tl = f"{vlabel[:-2]}.tensors[{i}]: "
+                self.expect(t, "object", offset, tl)
+                dtype = self.named(_DTYPES, self.member(t, "dtype", offset, tl), "dtype", offset,
+                                   tl[:-2] + ".dtype: ")
+                sizes = self.dims(self.member(t, "sizes", offset, tl), offset,
+                                  tl[:-2] + ".sizes: ", True)
+                strides = self.dims(self.member(t, "strides", offset, tl), offset,
+                                    tl[:-2] + ".strides: ", False)
+                self.device(self.member(t, "device", offset, tl), offset, tl[:-2] + ".device: ")
+                metas.append(_tensor_metadata(dtype, sizes, strides))
+            if kind == "tensor":
+                node.meta["tensor_meta"] = metas[0]
+            elif kind in ("tuple", "list"):
+                node.meta["tensor_meta"] = tuple(metas) if kind == "tuple" else metas
+        if "stack_trace" in value:
+            frames = value["stack_trace"]
+            flabel = label[:-2] + ".stack_trace: "
+            self.expect(frames, "array", offset, flabel)
+            lines = []
+            for i, f in enumerate(frames):
+                fl = f"{flabel[:-2]}[{i}]: "
+                self.expect(f, "object", offset, fl)
+                file = self.expect(self.member(f, "file", offset, fl), "string", offset, fl)
+                line = self.integer(self.member(f, "line", offset, fl), offset,
+                                    fl[:-2] + ".line: ", 0)
+                if line > 2**31 - 1:  # the C++ side holds it in an int
+                    self.fail(offset, fl[:-2] + ".line: line number too large")
+                function = self.expect(self.member(f, "function", offset, fl), "string", offset,
+                                       fl)
+                lines.append(f'  File "{file}", line {line}, in {function}\n')
+            # Python tracebacks put the innermost frame last; the file, first.
+            node.stack_trace = "".join(reversed(lines))
+
+    def read_nodes(self):
+        nodes = self.expect(self.top("nodes"), "array", self.json_offset, "'nodes': ")
+        graph = torch.fx.Graph()
+        env, output, seen_other = {}, None, False
+        for i, entry in enumerate(nodes):
+            t = _Lazy(lambda i=i: self.element_offset("nodes", i))
+            label = f"nodes[{i}]: "
+            self.expect(entry, "object", t.offset, label)
+            self.check_keys(entry, ("name", "op", "target", "args", "kwargs", "meta"), t.offset,
+                            label)
+            name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
+                               label + "name: ")
+            label = f"node %{name} (nodes[{i}]): "
+            op = self.expect(self.member(entry, "op", t.offset, label), "string", t.offset,
+                             label + "op: ")
+            target = self.expect(self.member(entry, "target", t.offset, label), "string",
+                                 t.offset, label + "target: ")
+            raw_args = self.expect(entry.get("args", []), "array", t.offset, label + "args: ")
+            args = [self.argument(a, env, t.offset, f"{label}args[{k}]: ")
+                    for k, a in enumerate(raw_args)]
+            raw_kwargs = self.expect(entry.get("kwargs", []), "array", t.offset,
+                                     label + "kwargs: ")
+            kwargs = {}
+            for k, pair in enumerate(raw_kwargs):
+                if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+                    self.fail(t.offset, f"{label}kwargs[{k}]: a keyword argument is a "
+                                        "[name, value] pair")
+                kwargs[pair[0]] = self.argument(pair[1], env, t.offset,
+                                                f"{label}kwargs[{k}][1]: ")
+            if output is not None:
+                self.fail(t.offset, label + "the node comes after the output node")
+            if name in env:
+                self.fail(t.offset, f"{label}name: duplicate or invalid node name '{name}'")
+            if op in ("placeholder", "get_attr") and (args or kwargs):
+                self.fail(t.offset, f"{label}{'a placeholder' if op == 'placeholder' else op} "
+                                    "takes no arguments")
+            if op == "placeholder":
+                if seen_other:
+                    self.fail(t.offset, f"{label}placeholder %{name} comes after "
+                                        "non-placeholder nodes")
+                node = graph.create_node("placeholder", name, name=name)
+            elif op == "get_attr":
+                if not target:
+                    self.fail(t.offset, label + "get_attr: the attribute path is empty")
+                node = graph.create_node("get_attr", target, name=name)
+            elif op == "call_function" and target == "getitem":
+                if (len(args) != 2 or kwargs or not isinstance(args[0], torch.fx.Node)
+                        or isinstance(args[1], bool) or not isinstance(args[1], int)):
+                    self.fail(t.offset, label + "args: getitem takes (node, index)")
+                node = graph.create_node("call_function", operator.getitem, tuple(args),
+                                         name=name)
+            elif op == "call_function":
+                fn = self.operator(target, t.offset, label)
+                self.check_kwargs(fn, target, kwargs, t.offset, label)
+                node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
+            elif op == "output":
+                if len(args) != 1 or not isinstance(args[0], list) or kwargs:
+                    self.fail(t.offset, label + "args: the output takes one argument, the list "
+                                                "of results")
+                if target != "output":
+                    self.fail(t.offset, label + "target: the output's target is 'output'")
+                if not all(isinstance(a, torch.fx.Node) for a in args[0]):
+                    self.fail(t.offset, label + "the results must be nodes")
+                node = output = graph.output(args[0])
+            else:
+                self.fail(t.offset, f"{label}op: unknown opcode '{op}'")
+            seen_other = seen_other or op != "placeholder"
+            # torch.fx may rename a node whose name Python code cannot use
+            # ("NoneType"); references in the file still use the file's name.
+            env[name] = node
+            if "meta" in entry:
+                self.meta(node, entry["meta"], t.offset, label + "meta: ")
+        if output is None:
+            self.fail(self.element_offset("nodes", len(nodes)), "'nodes': the graph has no output "
+                                                                "node")
+        self.graph, self.output, self.env = graph, output, env
+
+    # --- Specs ----------------------------------------------------------------
+
+    def spec(self, value, offset, label):
+        self.expect(value, "object", offset, label)
+        kind = self.expect(self.member(value, "kind", offset, label), "string", offset,
+                           label[:-2] + ".kind: ")
+        if kind in ("leaf", "none"):
+            self.check_keys(value, ("kind",), offset, label)
+            return _Spec(kind)
+        if kind == "constant":
+            self.check_keys(value, ("kind", "value"), offset, label)
+            return _Spec(kind, value=self.constant(self.member(value, "value", offset, label),
+                                                   offset, label[:-2] + ".value: "))
+        if kind not in ("tuple", "list", "dict"):
+            self.fail(offset, f"{label[:-2]}.kind: unknown spec kind '{kind}'")
+        children = self.expect(self.member(value, "children", offset, label), "array", offset,
+                               label[:-2] + ".children: ")
+        specs = [self.spec(c, offset, f"{label[:-2]}.children[{i}]: ")
+                 for i, c in enumerate(children)]
+        if kind != "dict":
+            self.check_keys(value, ("kind", "children"), offset, label)
+            return _Spec(kind, specs)
+        self.check_keys(value, ("kind", "keys", "children"), offset, label)
+        keys = self.expect(self.member(value, "keys", offset, label), "array", offset,
+                           label[:-2] + ".keys: ")
+        if len(keys) != len(specs):
+            self.fail(offset, f"{label[:-2]}.keys: {len(keys)} keys for {len(specs)} children")
+        seen = set()
+        for i, k in enumerate(keys):
+            kl = f"{label[:-2]}.keys[{i}]: "
+            first = keys[0]
+            same = (isinstance(k, str) and isinstance(first, str)) or (
+                _is_int(k) and _is_int(first))
+            if not same:
+                self.fail(offset, kl + "dict keys are all strings or all integers")
+            if _is_int(k):
+                self.integer(k, offset, kl)
+            if k in seen:
+                self.fail(offset, kl + "the key appears twice")
+            seen.add(k)
+        return _Spec(kind, specs, keys)
+
+    def signature(self):
+        """(kind, target) of the outputs after the user outputs; [] if all are user outputs."""
+        if "signature" not in self.doc:
+            return []
+        label = "'signature': "
+        at = lambda: self.top_offset("signature")  # noqa: E731
+        sig = self.expect(self.doc["signature"], "object", at, label)
+        self.check_keys(sig, ("outputs",), at, label)
+        outputs = self.expect(sig.get("outputs", []), "array", at, label + "outputs: ")
+        mutations = []
+        attributes = {name: kind for name, kind, _ in self.attributes}
+        for i, o in enumerate(outputs):
+            ol = f"{label}outputs[{i}]: "
+            self.expect(o, "object", at, ol)
+            self.check_keys(o, ("kind", "target"), at, ol)
+            kind = self.expect(self.member(o, "kind", at, ol), "string", at, ol[:-2] + ".kind: ")
+            if kind not in ("user", "buffer_mutation", "input_mutation"):
+                self.fail(at, f"{ol[:-2]}.kind: unknown output kind '{kind}'")
+            target = self.expect(self.member(o, "target", at, ol), "string", at,
+                                 ol[:-2] + ".target: ")
+            where = f"output {i} ({kind.replace('_', ' ')}" + (f" of '{target}')" if target
+                                                                  else ")")
+            if kind == "user":
+                if mutations:
+                    self.fail(self.json_offset, where + " comes after a mutation output")
+                continue
+            if any(t == target for _, t in mutations):
+                self.fail(self.json_offset, where + " updates its target twice")
+            if kind == "buffer_mutation" and attributes.get(target, "constant") == "constant":
+                self.fail(self.json_offset, where + " names no parameter or buffer")
+            if kind == "input_mutation" and not (
+                    target in self.env and self.env[target].op == "placeholder"):
+                self.fail(self.json_offset, where + " names no placeholder")
+            mutations.append((kind, target))
+        if outputs and len(outputs) != len(self.output.args[0]):
+            self.fail(self.json_offset, f"the output returns {len(self.output.args[0])} values but "
+                                        f"there are {len(outputs)} output specs")
+        return mutations
+
+    def top_offset(self, key):
+        """The byte where top-level `key`'s value starts (scanned on demand)."""
+        if self._scan is None:
+            self._scan = _scan_json(self.buf[self.json_offset : self.json_offset + self.json_size])
+        return self.json_offset + self._scan[0].get(key, 0)
+
+    def constant(self, value, offset, label):
+        if isinstance(value, bool) or isinstance(value, str):
+            return value
+        if isinstance(value, int):
+            return self.integer(value, offset, label)
+        if isinstance(value, float):
+            return value
+        if isinstance(value, dict) and len(value) == 1 and "float" in value:
+            return self.float_value(value["float"], offset, label[:-2] + ".float: ")
+        self.fail(offset, f"{label}a constant is an int, float, bool or string, not "
+                          f"{_json_type(value)}")
+
+    # --- The module -----------------------------------------------------------
+
+    def read(self):
+        self.read_header()
+        self.read_json()
+        self.read_tensors()
+        self.read_attributes()
+        self.read_nodes()
+        in_spec = self.spec(self.top("in_spec"), lambda: self.top_offset("in_spec"),
+                            "'in_spec': ")
+        out_spec = self.spec(self.top("out_spec"), lambda: self.top_offset("out_spec"),
+                             "'out_spec': ")
+        mutations = self.signature()
+
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        if in_spec.num_leaves != len(placeholders):
+            self.fail(self.json_offset, f"the graph has {len(placeholders)} placeholders but the "
+                                        f"input spec has {in_spec.num_leaves} tensors")
+        results = self.output.args[0]
+        num_user = len(results) - len(mutations)
+        if num_user < 0 or out_spec.num_leaves != num_user:
+            self.fail(self.json_offset, f"the output returns {len(results)} values, "
+                                        f"{len(mutations)} of them mutations; the output spec "
+                                        f"expects {out_spec.num_leaves} tensors")
+        if mutations:
+            # Written inputs are passed to the output too, so that the
+            # generated code keeps them bound until the writes at the end.
+            written = [self.env[t] for k, t in mutations if k == "input_mutation"]
+            self.output.args = ((list(results), written),)
+
+        # The attributes go onto the GraphModule directly (in file order, each
+        # at its dotted path): GraphModule(root, graph) would copy only those a
+        # get_attr names. The graph comes last, which generates forward().
+        gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
+                                  class_name="TorchcapGraphModule")
+        for i, (name, kind, tensor) in enumerate(self.attributes):
+            def fail(what, i=i, name=name):
+                self.fail(self.element_offset("attributes", i),
+                          f"attribute '{name}' (attributes[{i}]): {what}")
+            _set_attribute(gm, name, kind, tensor, fail)
+        names = {a[0] for a in self.attributes}
+        for node in self.graph.nodes:
+            if node.op == "get_attr" and node.target not in names:
+                self.fail(self.json_offset, f"get_attr %{node.name} reads attribute "
+                                            f"'{node.target}', which the file does not have")
+        self.graph.set_codegen(TorchcapCodeGen(
+            in_spec, out_spec, mutations,
+            {name: node for name, node in self.env.items() if node.op == "placeholder"}))
+        gm.graph = self.graph
+        return gm
+
+
+class _Lazy:
+    """The byte offset of a table entry, computed only if an error needs it."""
+
+    def __init__(self, compute):
+        self._compute = compute
+        self._value = None
+
+    @property
+    def offset(self):
+        if self._value is None:
+            self._value = self._compute()
+        return self._value
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _json_type(v):
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a float"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def _tensor_metadata(dtype, sizes, strides):
+    from torch.fx.passes.shape_prop import TensorMetadata
+
+    return TensorMetadata(shape=torch.Size(sizes), dtype=dtype, requires_grad=False,
+                          stride=tuple(strides), memory_format=None, is_quantized=False,
+                          qparams={})
+
+
+def _set_attribute(root, path, kind, tensor, fail):
+    """Registers `tensor` at dotted `path` below `root`, making submodules on the way."""
+    *parents, leaf = path.split(".")
+    owner = root
+    for i, part in enumerate(parents):
+        child = owner._modules.get(part)
+        if child is None:
+            if hasattr(owner, part):
+                fail(f"'{'.'.join(parents[:i + 1])}' is already taken by "
+                     + ("another attribute" if part in owner._parameters or part in owner._buffers
+                        else "torch.nn.Module") + "; Python cannot hold this attribute")
+            child = torch.nn.Module()
+            owner.add_module(part, child)
+        owner = child
+    if hasattr(owner, leaf):
+        fail(f"'{leaf}' is already taken by "
+             + ("a submodule" if leaf in owner._modules else "torch.nn.Module")
+             + "; Python cannot hold this attribute")
+    if kind == "parameter":
+        owner.register_parameter(
+            leaf, None if tensor is None else torch.nn.Parameter(tensor, requires_grad=False))
+    else:
+        owner.register_buffer(leaf, tensor)
+
+
+def _scan_json(text):
+    """Offsets of the top-level values and of the elements of top-level arrays.
+
+    A flat pass that mirrors the C++ reader's scan; only used for messages.
+    """
+    text = bytes(text)
+    values, elements = {}, {}
+    depth, in_string, escaped, in_key, expect_key, want_value = 0, False, False, False, False, False
+    key, array, want_element = bytearray(), None, False
+    for i, c in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+                if in_key:
+                    key.append(c)
+            elif c == 0x5C:  # backslash
+                escaped = True
+                if in_key:
+                    key.append(c)
+            elif c == 0x22:  # quote
+                in_string = in_key = False
+            elif in_key:
+                key.append(c)
+            continue
+        if c in b" \t\r\n":
+            continue
+        if want_element:
+            want_element = False
+            if c != 0x5D:
+                array.append(i)
+        if want_value:
+            want_value = False
+            k = key.decode("utf-8", "replace")
+            values[k] = i
+            if c == 0x5B:
+                array = elements[k] = []
+                want_element = True
+        if c == 0x22:
+            in_string = True
+            if depth == 1 and expect_key:
+                in_key, expect_key = True, False
+                key = bytearray()
+        elif c in b"{[":
+            depth += 1
+            if depth == 1:
+                expect_key = c == 0x7B
+        elif c in b"}]":
+            if array is not None and depth == 2:
+                array = None
+            depth -= 1
+        elif c == 0x2C:
+            if depth == 1:
+                expect_key = True
+            if array is not None and depth == 2:
+                want_element = True
+        elif c == 0x3A and depth == 1:
+            want_value = True
+    return values, elements
+
+
+_NUMBER = re.compile(rb'"(?:[^"\\]|\\.)*"|(-?[0-9][0-9.eE+-]*)')
+
+
+def _first_big_integer(text):
+    """(offset, literal) of the first integer literal outside int64's range."""
+    for m in _NUMBER.finditer(text):
+        token = m.group(1)
+        if token is not None and not any(c in token for c in b".eE"):
+            if not -(1 << 63) <= int(token) <= _INT64_MAX:
+                return m.start(1), token.decode()
+    return 0, "?"
+
+
+def load(path):
+    """Reads a `.tcg` file written by torchcap::save into a torch.fx.GraphModule.
+
+    Parameters become nn.Parameters (requires_grad=False), buffers and
+    constants become buffers, at their dotted paths; all are views of the
+    file's bytes. forward() takes and returns the nested structures the
+    program was captured with. Raises ValueError naming the first problem in
+    a damaged file, and OSError if the file cannot be opened.
+    """
+    path = os.fspath(path)
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        if st.st_size < _HEADER_SIZE:
+            buf = f.read()  # an empty file cannot be mapped
+        else:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    try:
+        return _Reader(path, buf).read()
+    except RecursionError:
+        raise ValueError(f"{path}: the JSON nests too deeply") from None

@@ -1,0 +1,207 @@
+#include "serialize/format.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace torchcap::format {
+namespace {
+
+void put(char* out, uint64_t offset, uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[offset + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+uint64_t get(const unsigned char* in, uint64_t offset, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(in[offset + i]) << (8 * i);
+  return v;
+}
+
+struct DtypeEntry {
+  c10::ScalarType type;
+  const char* name;
+  bool storable;
+};
+
+// The format's own table, not the printer's: names in files must never change.
+constexpr DtypeEntry kDtypes[] = {
+    {c10::ScalarType::Byte, "uint8", true},
+    {c10::ScalarType::Char, "int8", true},
+    {c10::ScalarType::Short, "int16", true},
+    {c10::ScalarType::Int, "int32", true},
+    {c10::ScalarType::Long, "int64", true},
+    {c10::ScalarType::Half, "float16", true},
+    {c10::ScalarType::Float, "float32", true},
+    {c10::ScalarType::Double, "float64", true},
+    {c10::ScalarType::ComplexHalf, "complex32", true},
+    {c10::ScalarType::ComplexFloat, "complex64", true},
+    {c10::ScalarType::ComplexDouble, "complex128", true},
+    {c10::ScalarType::Bool, "bool", true},
+    {c10::ScalarType::BFloat16, "bfloat16", true},
+    {c10::ScalarType::QInt8, "qint8", false},
+    {c10::ScalarType::QUInt8, "quint8", false},
+    {c10::ScalarType::QInt32, "qint32", false},
+    {c10::ScalarType::QUInt4x2, "quint4x2", false},
+    {c10::ScalarType::QUInt2x4, "quint2x4", false},
+};
+
+struct LayoutEntry {
+  c10::Layout layout;
+  const char* name;
+};
+constexpr LayoutEntry kLayouts[] = {
+    {c10::Layout::Strided, "strided"},       {c10::Layout::Sparse, "sparse_coo"},
+    {c10::Layout::SparseCsr, "sparse_csr"},  {c10::Layout::SparseCsc, "sparse_csc"},
+    {c10::Layout::SparseBsr, "sparse_bsr"},  {c10::Layout::SparseBsc, "sparse_bsc"},
+    {c10::Layout::Mkldnn, "_mkldnn"},
+};
+
+struct MemoryFormatEntry {
+  c10::MemoryFormat format;
+  const char* name;
+};
+constexpr MemoryFormatEntry kMemoryFormats[] = {
+    {c10::MemoryFormat::Contiguous, "contiguous_format"},
+    {c10::MemoryFormat::Preserve, "preserve_format"},
+    {c10::MemoryFormat::ChannelsLast, "channels_last"},
+    {c10::MemoryFormat::ChannelsLast3d, "channels_last_3d"},
+};
+
+constexpr uint64_t kCanonicalNan = 0x7ff8000000000000ULL;
+
+}  // namespace
+
+void encode_header(const Header& h, char* out) {
+  std::memcpy(out + field::kMagic, kMagic, sizeof(kMagic));
+  put(out, field::kMajor, h.major, 2);
+  put(out, field::kMinor, h.minor, 2);
+  put(out, field::kHeaderSize, h.header_size, 4);
+  put(out, field::kFileSize, h.file_size, 8);
+  put(out, field::kJsonOffset, h.json_offset, 8);
+  put(out, field::kJsonSize, h.json_size, 8);
+  put(out, field::kDataOffset, h.data_offset, 8);
+  put(out, field::kDataSize, h.data_size, 8);
+  put(out, field::kAlignment, h.alignment, 4);
+  put(out, field::kFlags, h.flags, 4);
+}
+
+Header decode_header(const unsigned char* in) {
+  Header h;
+  h.major = static_cast<uint16_t>(get(in, field::kMajor, 2));
+  h.minor = static_cast<uint16_t>(get(in, field::kMinor, 2));
+  h.header_size = static_cast<uint32_t>(get(in, field::kHeaderSize, 4));
+  h.file_size = get(in, field::kFileSize, 8);
+  h.json_offset = get(in, field::kJsonOffset, 8);
+  h.json_size = get(in, field::kJsonSize, 8);
+  h.data_offset = get(in, field::kDataOffset, 8);
+  h.data_size = get(in, field::kDataSize, 8);
+  h.alignment = static_cast<uint32_t>(get(in, field::kAlignment, 4));
+  h.flags = static_cast<uint32_t>(get(in, field::kFlags, 4));
+  return h;
+}
+
+const char* dtype_name(c10::ScalarType t) {
+  for (const auto& d : kDtypes) {
+    if (d.type == t) return d.name;
+  }
+  return nullptr;
+}
+
+std::optional<c10::ScalarType> dtype_from_name(const std::string& name) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) return d.type;
+  }
+  return std::nullopt;
+}
+
+bool is_storable_dtype(c10::ScalarType t) {
+  for (const auto& d : kDtypes) {
+    if (d.type == t) return d.storable;
+  }
+  return false;
+}
+
+const char* layout_name(c10::Layout l) {
+  for (const auto& e : kLayouts) {
+    if (e.layout == l) return e.name;
+  }
+  return nullptr;
+}
+
+std::optional<c10::Layout> layout_from_name(const std::string& name) {
+  for (const auto& e : kLayouts) {
+    if (name == e.name) return e.layout;
+  }
+  return std::nullopt;
+}
+
+const char* memory_format_name(c10::MemoryFormat m) {
+  for (const auto& e : kMemoryFormats) {
+    if (e.format == m) return e.name;
+  }
+  return nullptr;
+}
+
+std::optional<c10::MemoryFormat> memory_format_from_name(const std::string& name) {
+  for (const auto& e : kMemoryFormats) {
+    if (name == e.name) return e.format;
+  }
+  return std::nullopt;
+}
+
+const char* output_kind_token(OutputKind k) {
+  switch (k) {
+    case OutputKind::User:
+      return "user";
+    case OutputKind::BufferMutation:
+      return "buffer_mutation";
+    case OutputKind::InputMutation:
+      return "input_mutation";
+  }
+  return "?";
+}
+
+std::optional<OutputKind> output_kind_from_token(const std::string& name) {
+  for (OutputKind k : {OutputKind::User, OutputKind::BufferMutation, OutputKind::InputMutation}) {
+    if (name == output_kind_token(k)) return k;
+  }
+  return std::nullopt;
+}
+
+std::string nonfinite_double_string(double d) {
+  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  if (bits == kCanonicalNan) return "nan";
+  static const char kHex[] = "0123456789abcdef";
+  std::string s = "0x";
+  for (int i = 15; i >= 0; --i) s += kHex[(bits >> (4 * i)) & 0xf];
+  return s;
+}
+
+std::optional<double> nonfinite_double_from_string(const std::string& s) {
+  uint64_t bits;
+  if (s == "inf") {
+    bits = 0x7ff0000000000000ULL;
+  } else if (s == "-inf") {
+    bits = 0xfff0000000000000ULL;
+  } else if (s == "nan") {
+    bits = kCanonicalNan;
+  } else if (s.size() == 18 && s[0] == '0' && s[1] == 'x') {
+    bits = 0;
+    for (size_t i = 2; i < s.size(); ++i) {
+      char c = s[i];
+      int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (v < 0) return std::nullopt;
+      bits = bits << 4 | static_cast<uint64_t>(v);
+    }
+  } else {
+    return std::nullopt;
+  }
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  // Only values JSON numbers cannot carry: a finite double must be a number.
+  if (std::isfinite(d)) return std::nullopt;
+  return d;
+}
+
+}  // namespace torchcap::format

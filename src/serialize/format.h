@@ -1,0 +1,95 @@
+// The constants and tables of the `.tcg` format, shared by the writer and the
+// reader. docs/FORMAT.md is the specification; this file must agree with it.
+#pragma once
+
+#include <torchcap/graph_module.h>
+#include <torchcap/serialize.h>
+
+#include <c10/core/Layout.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace torchcap::format {
+
+// PNG's trick: a high byte first (catches 7-bit transfers), then CR LF, ^Z and
+// LF (catch newline translation and `type` on DOS). The letters say what it is.
+inline constexpr char kMagic[8] = {'\x89', 'T', 'C', 'G', '\r', '\n', '\x1a', '\n'};
+
+inline constexpr uint64_t kHeaderSize = 64;
+// Every tensor starts at a multiple of this, counted from the start of the
+// file (so also from the start of a page-aligned mapping): enough for any
+// vector instruction LibTorch's kernels use.
+inline constexpr uint64_t kAlignment = 64;
+
+// Limits the reader enforces; the writer refuses to produce a file beyond them.
+// JSON nesting: the deepest legitimate value is an argument list nested in a
+// node (depth 5 plus the list nesting) or a tree spec (two levels per spec
+// level); 64 leaves plenty for both and keeps every recursive walk shallow.
+inline constexpr int kMaxJsonDepth = 64;
+// The JSON section may not exceed this, whatever the header says: the parsed
+// document takes several times the text's size in memory.
+inline constexpr uint64_t kMaxJsonSize = uint64_t{1} << 30;
+inline constexpr size_t kMaxTensorDims = 64;
+
+// The fixed header, all integers little-endian:
+//   0  magic[8]
+//   8  u16 major version      10  u16 minor version
+//  12  u32 header size (64)
+//  16  u64 file size
+//  24  u64 JSON offset        32  u64 JSON size
+//  40  u64 data offset        48  u64 data size
+//  56  u32 alignment (64)     60  u32 flags (0)
+struct Header {
+  uint16_t major = kFormatMajorVersion;
+  uint16_t minor = kFormatMinorVersion;
+  uint32_t header_size = kHeaderSize;
+  uint64_t file_size = 0;
+  uint64_t json_offset = kHeaderSize;
+  uint64_t json_size = 0;
+  uint64_t data_offset = 0;
+  uint64_t data_size = 0;
+  uint32_t alignment = kAlignment;
+  uint32_t flags = 0;
+};
+
+namespace field {
+inline constexpr uint64_t kMagic = 0, kMajor = 8, kMinor = 10, kHeaderSize = 12, kFileSize = 16,
+                          kJsonOffset = 24, kJsonSize = 32, kDataOffset = 40, kDataSize = 48,
+                          kAlignment = 56, kFlags = 60;
+}
+
+// `out` receives kHeaderSize bytes.
+void encode_header(const Header& h, char* out);
+// Reads the fields of the first kHeaderSize bytes of `in`; checks nothing.
+Header decode_header(const unsigned char* in);
+
+inline uint64_t align_up(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+// Names in the file: the ones torch uses in Python (torch.float32,
+// torch.strided, torch.channels_last), so the Python loader can getattr them.
+const char* dtype_name(c10::ScalarType t);  // nullptr if the format has none
+std::optional<c10::ScalarType> dtype_from_name(const std::string& name);
+// Dtypes whose tensors the data section can hold: fixed-size elements with no
+// side information (quantized tensors would need their scales).
+bool is_storable_dtype(c10::ScalarType t);
+const char* layout_name(c10::Layout l);
+std::optional<c10::Layout> layout_from_name(const std::string& name);
+const char* memory_format_name(c10::MemoryFormat m);
+std::optional<c10::MemoryFormat> memory_format_from_name(const std::string& name);
+
+// "user", "buffer_mutation", "input_mutation": the kinds of graph outputs in
+// the signature.
+const char* output_kind_token(OutputKind k);
+std::optional<OutputKind> output_kind_from_token(const std::string& name);
+
+// Doubles that JSON numbers cannot hold (infinities and NaNs) are written as
+// strings: "inf", "-inf", "nan" (the quiet NaN 0x7ff8000000000000), or, for
+// any other NaN, "0x" and the 16 hex digits of its bits.
+std::string nonfinite_double_string(double d);
+std::optional<double> nonfinite_double_from_string(const std::string& s);
+
+}  // namespace torchcap::format

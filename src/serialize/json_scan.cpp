@@ -1,0 +1,130 @@
+#include "serialize/json_scan.h"
+
+#include <string_view>
+
+namespace torchcap::format {
+namespace {
+
+bool is_number_char(char c) {
+  return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
+// Whether the number literal `token` is an integer outside int64_t's range.
+bool is_big_integer(std::string_view token) {
+  if (token.find_first_of(".eE") != std::string_view::npos) return false;  // a float
+  bool negative = !token.empty() && token[0] == '-';
+  if (negative) token.remove_prefix(1);
+  while (token.size() > 1 && token[0] == '0') token.remove_prefix(1);
+  std::string_view limit = negative ? "9223372036854775808" : "9223372036854775807";
+  return token.size() > limit.size() || (token.size() == limit.size() && token > limit);
+}
+
+}  // namespace
+
+JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
+  JsonScan out;
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  bool in_key = false;      // reading a key of the top-level object
+  bool expect_key = false;  // the next string at depth 1 is a key
+  bool want_value = false;  // the next token is a top-level value
+  std::string key;
+  // The top-level array being indexed, and whether its next element starts at
+  // the next token.
+  std::vector<uint64_t>* array = nullptr;
+  bool want_element = false;
+  bool in_number = false;
+  uint64_t number_start = 0;
+  auto check_number = [&](uint64_t end) {
+    std::string_view token(text + number_start, end - number_start);
+    if (!is_big_integer(token)) return false;
+    out.big_integer = true;
+    out.big_integer_at = number_start;
+    out.big_integer_text = std::string(token);
+    return true;
+  };
+
+  for (uint64_t i = 0; i < size; ++i) {
+    const char c = text[i];
+    if (c == '\0') {
+      out.nul = true;
+      out.nul_at = i;
+      return out;
+    }
+    if (in_number) {
+      if (is_number_char(c)) continue;
+      in_number = false;
+      if (check_number(i)) return out;
+    }
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+        if (in_key) key += c;
+      } else if (c == '\\') {
+        escaped = true;
+        if (in_key) key += c;
+      } else if (c == '"') {
+        in_string = in_key = false;
+      } else if (in_key) {
+        key += c;
+      }
+      continue;
+    }
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+
+    if (want_element) {
+      want_element = false;
+      if (c != ']') array->push_back(i);
+    }
+    if (want_value) {
+      want_value = false;
+      out.values[key] = i;
+      if (c == '[') {
+        array = &out.elements[key];
+        array->clear();  // a repeated key: the parser keeps the last one
+        want_element = true;
+      }
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+      in_number = true;
+      number_start = i;
+    }
+    switch (c) {
+      case '"':
+        in_string = true;
+        if (depth == 1 && expect_key) {
+          in_key = true;
+          expect_key = false;
+          key.clear();
+        }
+        break;
+      case '{':
+      case '[':
+        if (++depth > max_depth) {
+          out.too_deep = true;
+          out.too_deep_at = i;
+          return out;
+        }
+        if (depth == 1) expect_key = c == '{';
+        break;
+      case '}':
+      case ']':
+        if (array != nullptr && depth == 2) array = nullptr;
+        --depth;
+        break;
+      case ',':
+        if (depth == 1) expect_key = true;
+        if (array != nullptr && depth == 2) want_element = true;
+        break;
+      case ':':
+        if (depth == 1) want_value = true;
+        break;
+      default:
+        break;
+    }
+  }
+  if (in_number) check_number(size);
+  return out;
+}
+
+}  // namespace torchcap::format

@@ -1,0 +1,429 @@
+// Writing `.tcg` files (docs/FORMAT.md): header, JSON, then the tensor bytes.
+#include <torchcap/error.h>
+#include <torchcap/serialize.h>
+
+#include "serialize/format.h"
+#include "serialize/json_scan.h"
+#include "serialize/utf8.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <unordered_map>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace torchcap {
+namespace {
+
+// ordered_json keeps keys in the order written (name, op, target, ...), which
+// makes the JSON section readable; the reader does not depend on the order.
+using Json = nlohmann::ordered_json;
+
+[[noreturn]] void fail(const std::string& what) { throw FormatError("save: " + what); }
+
+std::string checked_utf8(const std::string& s, const std::string& where) {
+  if (!format::is_valid_utf8(s)) fail(where + ": the string is not valid UTF-8");
+  return s;
+}
+
+std::string checked_dtype(c10::ScalarType t, const std::string& where) {
+  const char* name = format::dtype_name(t);
+  if (name == nullptr) fail(where + ": dtype " + c10::toString(t) + " has no name in the format");
+  return name;
+}
+
+Json double_json(double d) {
+  if (std::isfinite(d)) return d;
+  return Json{{"float", format::nonfinite_double_string(d)}};
+}
+
+// Arguments nest only as deep as their lists; the depth limit on the whole
+// document (checked after dumping) bounds this recursion for the reader.
+Json argument_json(const Argument& a, const std::string& where) {
+  switch (a.storage().index()) {
+    case 0:
+      return nullptr;
+    case 1:
+      return Json{{"node", a.to_node()->name()}};
+    case 2:
+      return a.to_int();
+    case 3:
+      return double_json(a.to_double());
+    case 4:
+      return a.to_bool();
+    case 5:
+      return checked_utf8(a.to_string(), where);
+    case 6:
+      return Json{{"dtype", checked_dtype(a.to_scalar_type(), where)}};
+    case 7: {
+      const char* name = format::layout_name(a.to_layout());
+      if (name == nullptr) fail(where + ": layout " + c10::toString(a.to_layout()) + " has no name");
+      return Json{{"layout", name}};
+    }
+    case 8:
+      return Json{{"device", a.to_device().str()}};
+    case 9: {
+      const char* name = format::memory_format_name(a.to_memory_format());
+      if (name == nullptr) {
+        fail(where + ": memory format " + std::string(c10::toString(a.to_memory_format())) +
+             " has no name");
+      }
+      return Json{{"memory_format", name}};
+    }
+    case 10: {
+      Json list = Json::array();
+      for (const Argument& e : a.to_list()) list.push_back(argument_json(e, where));
+      return list;
+    }
+  }
+  fail(where + ": unknown argument kind");
+}
+
+Json tensor_meta_json(const TensorMeta& m, const std::string& where) {
+  return Json{{"dtype", checked_dtype(m.dtype, where)},
+              {"sizes", m.sizes},
+              {"strides", m.strides},
+              {"device", m.device.str()}};
+}
+
+const char* value_kind_name(ValueKind k) {
+  switch (k) {
+    case ValueKind::Tensor:
+      return "tensor";
+    case ValueKind::Tuple:
+      return "tuple";
+    case ValueKind::List:
+      return "list";
+    case ValueKind::None:
+      return "none";
+    case ValueKind::Unknown:
+      break;
+  }
+  return nullptr;
+}
+
+Json meta_json(const NodeMeta& meta, const std::string& where) {
+  Json out = Json::object();
+  if (meta.val.known()) {
+    Json tensors = Json::array();
+    for (const TensorMeta& t : meta.val.tensors) tensors.push_back(tensor_meta_json(t, where));
+    out["val"] = Json{{"kind", value_kind_name(meta.val.kind)}, {"tensors", std::move(tensors)}};
+  }
+  // Symbolizes now, if the trace holds raw addresses. Paths and function names
+  // come from debug information and may hold any bytes; they are descriptive,
+  // so invalid UTF-8 is replaced rather than refused.
+  const std::vector<SourceFrame>& frames = meta.stack_trace.frames();
+  if (!frames.empty()) {
+    Json list = Json::array();
+    for (const SourceFrame& f : frames) {
+      list.push_back(Json{{"file", format::utf8_or_replace(f.file)},
+                          {"line", f.line},
+                          {"function", format::utf8_or_replace(f.function)}});
+    }
+    out["stack_trace"] = std::move(list);
+  }
+  return out;
+}
+
+Json constant_json(const c10::IValue& v, const std::string& where) {
+  if (v.isInt()) return v.toInt();
+  if (v.isDouble()) return double_json(v.toDouble());
+  if (v.isBool()) return v.toBool();
+  if (v.isString()) return checked_utf8(v.toStringRef(), where);
+  fail(where + ": a spec constant of type " + v.type()->str() + " cannot be stored");
+}
+
+// Specs are as deep as the program's nested inputs; the document's depth limit
+// bounds them.
+Json spec_json(const TreeSpec& s, const std::string& where) {
+  using K = TreeSpec::Kind;
+  switch (s.kind()) {
+    case K::Leaf:
+      return Json{{"kind", "leaf"}};
+    case K::None:
+      return Json{{"kind", "none"}};
+    case K::Constant:
+      return Json{{"kind", "constant"}, {"value", constant_json(s.constant_value(), where)}};
+    case K::Tuple:
+    case K::List:
+    case K::Dict: {
+      Json children = Json::array();
+      for (const TreeSpec& c : s.children()) children.push_back(spec_json(c, where));
+      if (s.kind() != K::Dict) {
+        return Json{{"kind", s.kind() == K::Tuple ? "tuple" : "list"}, {"children", children}};
+      }
+      Json keys = Json::array();
+      for (const c10::IValue& k : s.keys()) keys.push_back(constant_json(k, where));
+      return Json{{"kind", "dict"}, {"keys", std::move(keys)}, {"children", std::move(children)}};
+    }
+  }
+  fail(where + ": unknown spec kind");
+}
+
+// Elements, in units of the element size, between a tensor's first and last
+// element, plus one: the bytes its view covers. Strides are never negative.
+int64_t element_span(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  return span;
+}
+
+struct StoredTensor {
+  std::string name;
+  at::Tensor value;  // what is written: may differ in strides from the attribute
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Note [Which strides are stored]: a tensor whose view covers no more bytes
+// than a contiguous copy would (dense in any dimension order, such as a
+// transposed weight or a channels-last activation, or broadcast by zero
+// strides) is stored as its bytes with its strides, so it loads exactly as it
+// was. A view with gaps (a slice of a larger tensor) would drag the bytes it
+// skips into the file; it is stored as a contiguous copy instead and loads
+// with contiguous strides. Values are equal either way.
+at::Tensor stored_form(const at::Tensor& t, const std::string& where) {
+  if (t.layout() != c10::kStrided) {
+    fail(where + ": only strided tensors can be stored, this one is " +
+         std::string(format::layout_name(t.layout()) ? format::layout_name(t.layout()) : "?"));
+  }
+  if (!t.device().is_cpu()) {
+    fail(where + ": the tensor is on " + t.device().str() + "; move the module to the CPU first");
+  }
+  if (!format::is_storable_dtype(t.scalar_type())) {
+    fail(where + ": tensors of dtype " + std::string(c10::toString(t.scalar_type())) +
+         " cannot be stored");
+  }
+  at::Tensor s = t.resolve_conj().resolve_neg();
+  bool negative = false;
+  for (int64_t st : s.strides()) negative |= st < 0;
+  if (negative || element_span(s) > s.numel()) s = s.contiguous();
+  return s;
+}
+
+class Writer {
+ public:
+  explicit Writer(const GraphModule& gm) : gm_(gm) {}
+
+  // Everything is decided before a byte is written: the JSON text, the
+  // header, and where each tensor goes.
+  void plan() {
+    // A file that fails lint would be refused by load; refuse it here instead,
+    // while the caller still has the module.
+    try {
+      gm_.lint();
+    } catch (const LintError& e) {
+      fail(std::string("the module does not pass lint: ") + e.what());
+    }
+    Json doc = Json::object();
+    doc["nodes"] = nodes_json();
+    Json attributes = Json::array();
+    for (const Attribute& a : gm_.attributes()) {
+      const std::string where = "attribute '" + a.name + "'";
+      Json entry{{"name", checked_utf8(a.name, where)},
+                 {"kind", attribute_kind_name(a.kind)},
+                 {"tensor", nullptr}};
+      if (a.value.defined()) entry["tensor"] = tensor_index(a, where);
+      attributes.push_back(std::move(entry));
+    }
+    doc["attributes"] = std::move(attributes);
+    doc["tensors"] = tensors_json();
+    doc["in_spec"] = spec_json(gm_.in_spec, "the input spec");
+    doc["out_spec"] = spec_json(gm_.out_spec, "the output spec");
+    // Only what GraphModule stores: the rest of its signature (user inputs,
+    // parameters, buffers) follows from the placeholders and attributes.
+    if (!gm_.output_specs.empty()) {
+      Json outputs = Json::array();
+      for (const OutputSpec& o : gm_.output_specs) {
+        outputs.push_back(Json{{"kind", format::output_kind_token(o.kind)},
+                               {"target", checked_utf8(o.target, "the signature")}});
+      }
+      doc["signature"] = Json{{"outputs", std::move(outputs)}};
+    }
+
+    json_ = doc.dump();
+    format::JsonScan scan = format::scan_json(json_.data(), json_.size(), format::kMaxJsonDepth);
+    TORCH_INTERNAL_ASSERT(!scan.nul, "nlohmann::json wrote a raw NUL byte");
+    if (scan.too_deep) {
+      fail("the graph's argument lists or specs nest deeper than the format allows (" +
+           std::to_string(format::kMaxJsonDepth) + " JSON levels)");
+    }
+    if (json_.size() > format::kMaxJsonSize) {
+      fail("the JSON section would be " + std::to_string(json_.size()) +
+           " bytes; the format allows " + std::to_string(format::kMaxJsonSize));
+    }
+    header_.json_offset = format::kHeaderSize;
+    header_.json_size = json_.size();
+    header_.data_offset = format::align_up(header_.json_offset + header_.json_size);
+    header_.data_size = data_size_;
+    header_.file_size = header_.data_offset + header_.data_size;
+  }
+
+  uint64_t file_size() const { return header_.file_size; }
+
+  void emit(const std::function<void(const void*, size_t)>& sink) const {
+    char header[format::kHeaderSize];
+    format::encode_header(header_, header);
+    sink(header, sizeof header);
+    sink(json_.data(), json_.size());
+    uint64_t pos = header_.json_offset + header_.json_size;
+    static const char kZeros[format::kAlignment] = {};
+    auto pad_to = [&](uint64_t target) {
+      while (pos < target) {
+        uint64_t n = std::min<uint64_t>(target - pos, sizeof kZeros);
+        sink(kZeros, n);
+        pos += n;
+      }
+    };
+    for (const StoredTensor& t : tensors_) {
+      pad_to(header_.data_offset + t.offset);
+      if (t.length > 0) sink(t.value.data_ptr(), t.length);
+      pos += t.length;
+    }
+    pad_to(header_.file_size);
+  }
+
+ private:
+  Json nodes_json() {
+    Json nodes = Json::array();
+    for (const Node* n : gm_.graph()) {
+      const std::string where = "node %" + n->name();
+      Json args = Json::array();
+      for (const Argument& a : n->args()) args.push_back(argument_json(a, where));
+      Json entry{{"name", checked_utf8(n->name(), where)},
+                 {"op", opcode_name(n->op())},
+                 {"target", checked_utf8(n->target(), where)},
+                 {"args", std::move(args)}};
+      if (!n->kwargs().empty()) {
+        Json kwargs = Json::array();
+        for (const auto& [k, v] : n->kwargs()) {
+          kwargs.push_back(Json::array({checked_utf8(k, where), argument_json(v, where)}));
+        }
+        entry["kwargs"] = std::move(kwargs);
+      }
+      Json meta = meta_json(n->meta(), where);
+      if (!meta.empty()) entry["meta"] = std::move(meta);
+      nodes.push_back(std::move(entry));
+    }
+    return nodes;
+  }
+
+  // One table entry per tensor, however many attributes name it (tied
+  // weights stay tied after loading).
+  int64_t tensor_index(const Attribute& a, const std::string& where) {
+    auto [it, inserted] = index_.emplace(a.value.unsafeGetTensorImpl(), tensors_.size());
+    if (!inserted) return static_cast<int64_t>(it->second);
+    StoredTensor t;
+    t.name = a.name;
+    t.value = stored_form(a.value, where);
+    t.offset = format::align_up(data_size_);
+    t.length = static_cast<uint64_t>(element_span(t.value)) * t.value.element_size();
+    data_size_ = t.offset + t.length;
+    tensors_.push_back(std::move(t));
+    return static_cast<int64_t>(tensors_.size() - 1);
+  }
+
+  Json tensors_json() const {
+    Json out = Json::array();
+    for (const StoredTensor& t : tensors_) {
+      out.push_back(Json{{"name", t.name},
+                         {"dtype", format::dtype_name(t.value.scalar_type())},
+                         {"sizes", t.value.sizes().vec()},
+                         {"strides", t.value.strides().vec()},
+                         {"offset", t.offset},
+                         {"length", t.length}});
+    }
+    return out;
+  }
+
+  const GraphModule& gm_;
+  std::unordered_map<const c10::TensorImpl*, size_t> index_;
+  std::vector<StoredTensor> tensors_;
+  uint64_t data_size_ = 0;
+  std::string json_;
+  format::Header header_;
+};
+
+std::string system_error(const std::string& what, const std::string& path) {
+  return "cannot " + what + " '" + path + "': " + std::strerror(errno);
+}
+
+void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(system_error("write", path));
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+std::string directory_of(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+std::string save_to_string(const GraphModule& gm) {
+  Writer w(gm);
+  w.plan();
+  std::string out;
+  out.reserve(w.file_size());
+  w.emit([&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
+  return out;
+}
+
+void save(const GraphModule& gm, const std::string& path) {
+  Writer w(gm);
+  w.plan();  // every error about the module comes before the disk is touched
+
+  // The temporary file is created with the mode of an ordinary new file (the
+  // umask applies), in the target's directory so that rename() is atomic.
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno != EEXIST || attempt > 100)) fail(system_error("create", tmp));
+  }
+  try {
+    w.emit([&](const void* p, size_t n) { write_all(fd, p, n, tmp); });
+    // The data must be on disk before the name points at it, or a crash
+    // after the rename could leave a file of zeros under the target name.
+    if (::fsync(fd) != 0) fail(system_error("flush", tmp));
+    if (::close(fd) != 0) {
+      fd = -1;
+      fail(system_error("close", tmp));
+    }
+    fd = -1;
+    if (::rename(tmp.c_str(), path.c_str()) != 0) fail(system_error("rename to", path));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  // Make the rename itself durable. A failure here leaves a complete file
+  // under the right name, so it is not reported.
+  int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+}  // namespace torchcap

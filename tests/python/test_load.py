@@ -1,0 +1,315 @@
+"""torchcap.load opens files saved in C++ as torch.fx.GraphModules that compute
+what the C++ programs compute eagerly, and rejects damaged files by name."""
+
+import json
+import math
+import operator
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.fx
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+import torchcap  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    out = tmp_path_factory.mktemp("load_fixture")
+    subprocess.run([os.environ["TORCHCAP_LOAD_FIXTURE"], str(out)], check=True)
+    return out
+
+
+def unpickle(path):
+    with open(path, "rb") as f:
+        return torch.load(f)
+
+
+def assert_same(actual, expected, where="result"):
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{where}: {type(actual)}"
+        assert actual.dtype == expected.dtype, f"{where}: {actual.dtype} vs {expected.dtype}"
+        assert actual.shape == expected.shape, f"{where}: {actual.shape} vs {expected.shape}"
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6, msg=where)
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{where}: {type(actual)}"
+        assert list(actual) == list(expected), f"{where}: keys {list(actual)} vs {list(expected)}"
+        for k in expected:
+            assert_same(actual[k], expected[k], f"{where}[{k!r}]")
+    elif isinstance(expected, (tuple, list)):
+        # LibTorch pickles C++ tuples as tuples and lists as lists.
+        assert type(actual) is type(expected), f"{where}: {type(actual)} vs {type(expected)}"
+        assert len(actual) == len(expected), f"{where}: length"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, f"{where}[{i}]")
+    else:
+        assert actual == expected, f"{where}: {actual!r} vs {expected!r}"
+
+
+def test_every_zoo_example_runs_like_the_cpp_program(files):
+    names = (files / "examples.txt").read_text().split()
+    assert "resnet18" in names and "nested_io" in names
+    for name in names:
+        gm = torchcap.load(files / f"{name}.tcg")
+        assert isinstance(gm, torch.fx.GraphModule), name
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                assert node.target is operator.getitem or isinstance(
+                    node.target, torch._ops.OpOverload), f"{name}: {node.target}"
+        inputs = unpickle(files / f"{name}.inputs.pt")
+        expected = unpickle(files / f"{name}.expected.pt")
+        assert_same(gm(*inputs), expected, name)
+
+
+def test_attributes_are_the_files_tensors(files):
+    gm = torchcap.load(files / "attributes.tcg")
+    expected = unpickle(files / "attributes.pt")
+    for name, value in expected.items():
+        actual = gm.get_parameter(name) if name.startswith(("param.", "layout.transposed",
+                                                            "layout.channels_last", "tied."))\
+            else gm.get_buffer(name)
+        assert actual.dtype == value.dtype and actual.shape == value.shape, name
+        assert torch.equal(actual, value), name
+    # Kinds: parameters are Parameters; buffers and constants are buffers.
+    assert isinstance(gm.get_parameter("param.w"), torch.nn.Parameter)
+    assert not gm.get_parameter("param.w").requires_grad
+    assert "buffer.running_mean" in dict(gm.named_buffers())
+    assert "_tensor_constant0" in dict(gm.named_buffers())
+    assert gm.get_buffer("undefined") is None
+    # complex32 has no pickle; compare it with its complex64 sibling.
+    c32 = gm.get_buffer("dtypes.complex32")
+    assert c32.dtype == torch.complex32
+    torch.testing.assert_close(c32.to(torch.complex64), expected["dtypes.complex64"].to(
+        torch.complex32).to(torch.complex64))
+    # Strides as stored (Note [Which strides are stored] in the writer).
+    assert gm.get_parameter("layout.transposed").stride() == (1, 4)
+    assert gm.get_parameter("layout.channels_last").is_contiguous(
+        memory_format=torch.channels_last)
+    assert gm.get_buffer("layout.expanded").stride() == (1, 0)
+    # Tied weights share their bytes; all tensors are views of one mapping.
+    assert gm.get_parameter("tied.a").data_ptr() == gm.get_parameter("tied.b").data_ptr()
+    assert gm.get_buffer("dtypes.float32").data_ptr() % 64 == 0
+
+
+def test_writing_to_a_loaded_tensor_leaves_the_file_alone(files):
+    gm = torchcap.load(files / "attributes.tcg")
+    gm.get_buffer("dtypes.float32").fill_(7)
+    again = torchcap.load(files / "attributes.tcg")
+    assert not torch.equal(again.get_buffer("dtypes.float32"),
+                           torch.full_like(again.get_buffer("dtypes.float32"), 7))
+
+
+def test_every_argument_kind_converts(files):
+    gm = torchcap.load(files / "arguments.tcg")
+    kwargs = [n.kwargs for n in gm.graph.nodes if n.op == "call_function"]
+    seen = {type(v) for kw in kwargs for v in kw.values()}
+    assert {torch.dtype, torch.layout, torch.device, torch.memory_format} <= seen
+    values = [v for kw in kwargs for v in kw.values()]
+    assert torch.qint8 in values and torch.quint2x4 in values and torch.complex32 in values
+    assert torch.sparse_bsc in values and torch._mkldnn in values
+    assert torch.device("cuda", 1) in values and torch.device("meta") in values
+    assert torch.channels_last_3d in values and torch.preserve_format in values
+    assert "quote \" backslash \\ newline \n tab \t bell \x07 \u00fc \U0001F600" in values
+    scalars = [n.args[1] for n in gm.graph.nodes if n.target is torch.ops.aten.add.Scalar]
+    assert -(1 << 63) in scalars and (1 << 63) - 1 in scalars
+    assert any(isinstance(s, bool) and s for s in scalars)
+    floats = [s for s in scalars if isinstance(s, float)]
+    assert any(math.isnan(f) for f in floats) and math.inf in floats
+    assert any(f == 0 and math.copysign(1, f) < 0 for f in floats)
+    index = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.index.Tensor)
+    assert index.args[1][0] is None and isinstance(index.args[1][1], torch.fx.Node)
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    assert relu.stack_trace.splitlines()[-1] == \
+        '  File "src/m\u00f6del.cpp", line 42, in torchcap::Model::forward(at::Tensor)'
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert x.meta["tensor_meta"].shape == torch.Size([2, 3])
+    assert x.meta["tensor_meta"].stride == (1, 2)
+
+
+def test_nested_specs_shape_the_signature(files):
+    gm = torchcap.load(files / "nested.tcg")
+    a, b, c = torch.randn(3), torch.randn(3), torch.randn(3)
+    out = gm(a, (b, {"k": c, "n": None}), [3, 2.5, True, "s\u00e9", math.inf],
+             {1: False, -2: None}, (), None)
+    expected = ({"sum": a + b, "pair": ((a + b) * c, None), "n": 7}, [c])
+    assert_same(out, expected)
+    assert "def forward(self, a, arg1, arg2, arg3, arg4, arg5)" in gm.code
+
+
+def test_exported_writes_reach_buffers_and_inputs(files):
+    # BatchNorm in train mode: the running stats are outputs of the exported
+    # graph, written back into the buffers before forward returns.
+    gm = torchcap.load(files / "exported_bn.tcg")
+    inputs = unpickle(files / "exported_bn.inputs.pt")
+    assert_same(gm(*inputs), unpickle(files / "exported_bn.expected.pt"))
+    for name, value in unpickle(files / "exported_bn.buffers.pt").items():
+        assert_same(gm.get_buffer(name), value, name)
+    assert "self.bn1.running_mean.copy_(" in gm.code
+
+    # A program that writes into its input: so does the loaded module.
+    gm = torchcap.load(files / "exported_input.tcg")
+    (x,) = unpickle(files / "exported_input.inputs.pt")
+    assert_same(gm(x), unpickle(files / "exported_input.expected.pt"))
+    assert_same(x, unpickle(files / "exported_input.input_after.pt"), "the input")
+
+
+# --- Damaged files -------------------------------------------------------------
+
+HEADER = struct.Struct("<8sHHIQQQQQII")
+
+
+def sections(data):
+    fields = HEADER.unpack_from(data, 0)
+    json_offset, json_size, data_offset, data_size = fields[5], fields[6], fields[7], fields[8]
+    return (json.loads(data[json_offset:json_offset + json_size]),
+            data[data_offset:data_offset + data_size])
+
+
+def rebuild(doc, data):
+    return rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data)
+
+
+def rebuild_text(text, data):
+    data_offset = (64 + len(text) + 63) // 64 * 64
+    header = HEADER.pack(b"\x89TCG\r\n\x1a\n", 1, 0, 64, data_offset + len(data), 64, len(text),
+                         data_offset, len(data), 64, 0)
+    return header + text + b"\0" * (data_offset - 64 - len(text)) + data
+
+
+def error(tmp_path, data):
+    path = tmp_path / "f.tcg"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as e:
+        torchcap.load(path)
+    return str(e.value).replace(str(path), "f.tcg")
+
+
+def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
+    good = (files / "small.tcg").read_bytes()
+    assert isinstance(torchcap.load(files / "small.tcg"), torch.fx.GraphModule)
+
+    assert error(tmp_path, b"PK\x03\x04" + good[4:]) == (
+        "f.tcg: byte 0: not a torchcap graph file (the first 8 bytes are not the .tcg magic)")
+    assert error(tmp_path, good[:20]) == (
+        "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header")
+    assert error(tmp_path, good[:8] + b"\x02" + good[9:]) == (
+        "f.tcg: byte 8: format version 2.0 is not supported; this torchcap reads version 1.x")
+    assert error(tmp_path, good[:-1]) == (
+        f"f.tcg: byte 16: the header gives the file size as {len(good)} bytes but the file "
+        f"has {len(good) - 1} (truncated)")
+
+    doc, data = sections(good)
+    assert rebuild(doc, data) == good  # the same layout as the C++ writer's
+
+    doc["nodes"][3]["target"] = "aten::frobnicate"
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): call_function: no operator "
+        "aten::frobnicate is registered")
+
+    doc, data = sections(good)
+    doc["tensors"][0]["sizes"] = [2, 4]
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"w","dtype"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: tensor 'w' (tensors[0]): length: byte length 24 does not "
+        "match dtype float32, sizes [2, 4] and strides [3, 1], which span 28 bytes")
+
+    doc, data = sections(good)
+    data = data[:65] + b"\x07" + data[66:]
+    bad = rebuild(doc, data)
+    at = HEADER.unpack_from(bad, 0)[7] + 65
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {at}: tensor 'mask' (tensors[1]): bool byte 7 is neither 0 nor 1")
+
+    doc, data = sections(good)
+    doc["nodes"][3]["args"][0] = {"node": "where"}
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): args[0].node: %where is not a node "
+        "defined before this one")
+
+    doc, data = sections(good)
+    bad = rebuild(doc, data)
+    bad = bad[:64] + bad[64:].replace(b'"nodes":[', b'"nodes":{', 1)
+    first_node = 64 + bad[64:].index(b'{"name":"x"')
+    assert error(tmp_path, bad).startswith(
+        f"f.tcg: byte {first_node}: the JSON section is not valid JSON: ")
+
+    # Found by the fuzzer in the C++ loader: a number too large for a double.
+    doc, data = sections(good)
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    bad = rebuild_text(text.replace(b'"alpha",0.5', b'"alpha",1e999'), data)
+    assert error(tmp_path, bad) == (
+        "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'")
+
+    # Integers beyond int64 (the C++ parser would read them as other kinds).
+    for literal in (b"9223372036854775808", b"-9223372036854775809", b"100000000000000000000"):
+        bad = rebuild_text(text.replace(b'{"node":"add"},2]', b'{"node":"add"},' + literal + b"]"),
+                           data)
+        at = 64 + bad[64:].index(b'{"node":"add"},' + literal) + len(b'{"node":"add"},')
+        assert error(tmp_path, bad) == (
+            f"f.tcg: byte {at}: integer {literal.decode()} does not fit in 64 signed bits")
+
+    # JSON followed by NUL bytes and data (the C++ loader's parser stopped at
+    # the NUL and ignored the rest): both loaders refuse it.
+    bad = rebuild_text(text + b"\0\0\x80?garbage", data)
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {64 + len(text)}: the JSON section contains a NUL byte")
+
+    # A stack frame's line beyond what C++ holds (found by compare_loaders.py).
+    doc, data = sections(good)
+    doc["nodes"][3]["meta"] = {"stack_trace": [{"file": "a.cpp", "line": 2**31, "function": "f"}]}
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0].line: line number "
+        "too large")
+
+    # The output node's target is "output".
+    doc, data = sections(good)
+    doc["nodes"][7]["target"] = "out"
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"output"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %output (nodes[7]): target: the output's target is "
+        "'output'")
+
+    # Keyword names must be the operator's (they are written into Python code).
+    doc, data = sections(good)
+    doc["nodes"][3]["kwargs"] = [["alpha=1, other", 2]]
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): aten::add.Tensor has no argument named "
+        "'alpha=1, other'")
+
+    # Attribute names torch.fx would write into code unescaped.
+    doc, data = sections(good)
+    doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = 'w")'
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"w\\")"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: attribute 'w\")' (attributes[0]): name: Python code cannot "
+        "name it (a part is not made of letters, digits and underscores)")
+
+    # An attribute whose name torch.nn.Module uses for a method.
+    doc, data = sections(good)
+    doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = "cuda"
+    bad = rebuild(doc, data)
+    offset = 64 + bad[64:].index(b'{"name":"cuda","kind"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: attribute 'cuda' (attributes[0]): 'cuda' is already taken by "
+        "torch.nn.Module; Python cannot hold this attribute")
+
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        torchcap.load(directory)

@@ -1,0 +1,1146 @@
+// The file format: round trips of every argument kind, opcode, spec and
+// attribute kind, the example zoo saved, loaded and re-run, the promises of
+// save (atomic rename) and load (no copy, aligned, copy-on-write), and one test
+// per verification failure with the exact message it gives.
+#include <torchcap/error.h>
+#include <torchcap/export.h>
+#include <torchcap/interpreter.h>
+#include <torchcap/printer.h>
+#include <torchcap/serialize.h>
+#include <torchcap/tracer.h>
+
+#include "sample_graphs.h"
+#include "serialize_fixtures.h"
+#include "zoo.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace torchcap {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using testing::TcgFile;
+
+// --- Helpers ------------------------------------------------------------------
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "torchcap_serialize_XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Bitwise equality of two tensors: dtype, sizes, strides and bytes of every
+// element (so NaNs and -0.0 count).
+void expect_same_tensor(const at::Tensor& a, const at::Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.defined(), b.defined()) << what;
+  if (!a.defined()) return;
+  EXPECT_EQ(a.scalar_type(), b.scalar_type()) << what;
+  EXPECT_EQ(a.sizes(), b.sizes()) << what;
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return;
+  at::Tensor x = a.resolve_conj().resolve_neg().contiguous();
+  at::Tensor y = b.contiguous();
+  ASSERT_EQ(x.nbytes(), y.nbytes()) << what;
+  EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << what << " differs";
+}
+
+// Everything a GraphModule holds, compared: the listing (names, targets,
+// arguments, types, users), each node's arguments as values (bit-exact doubles
+// and the alternative held), metadata, stack traces, attributes and specs.
+void expect_same_module(const GraphModule& a, const GraphModule& b) {
+  EXPECT_EQ(a.str(), b.str());
+  EXPECT_EQ(format_graph(a.graph()), format_graph(b.graph()));
+  ASSERT_EQ(a.graph().size(), b.graph().size());
+  // b's arguments with each node replaced by a's node of the same name, so
+  // that Argument's own (bit-exact) equality can compare them.
+  auto in_a = [&](const Argument& x) {
+    return x.map_nodes([&](Node* n) { return a.graph().find(n->name()); });
+  };
+  Node* nb = b.graph().first();
+  for (const Node* na : a.graph()) {
+    SCOPED_TRACE("node %" + na->name());
+    EXPECT_EQ(na->name(), nb->name());
+    EXPECT_EQ(na->op(), nb->op());
+    EXPECT_EQ(na->target(), nb->target());
+    ASSERT_EQ(na->args().size(), nb->args().size());
+    for (size_t i = 0; i < na->args().size(); ++i) {
+      EXPECT_EQ(format_argument(na->args()[i]), format_argument(nb->args()[i]));
+      EXPECT_TRUE(na->args()[i] == in_a(nb->args()[i])) << "argument " << i;
+    }
+    ASSERT_EQ(na->kwargs().size(), nb->kwargs().size());
+    for (size_t i = 0; i < na->kwargs().size(); ++i) {
+      EXPECT_EQ(na->kwargs()[i].first, nb->kwargs()[i].first);
+      EXPECT_TRUE(na->kwargs()[i].second == in_a(nb->kwargs()[i].second))
+          << "kwarg " << na->kwargs()[i].first;
+    }
+    EXPECT_EQ(na->meta().val, nb->meta().val);
+    EXPECT_EQ(na->meta().stack_trace.frames(), nb->meta().stack_trace.frames());
+    nb = nb->next();
+  }
+  ASSERT_EQ(a.attributes().size(), b.attributes().size());
+  for (size_t i = 0; i < a.attributes().size(); ++i) {
+    const Attribute& x = a.attributes()[i];
+    const Attribute& y = b.attributes()[i];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.kind, y.kind) << x.name;
+    expect_same_tensor(x.value, y.value, x.name);
+  }
+  EXPECT_TRUE(a.output_specs == b.output_specs);
+  EXPECT_EQ(a.in_spec, b.in_spec) << a.in_spec.str() << " vs " << b.in_spec.str();
+  EXPECT_EQ(a.out_spec, b.out_spec) << a.out_spec.str() << " vs " << b.out_spec.str();
+}
+
+GraphModule round_trip(const GraphModule& gm) {
+  std::string bytes = save_to_string(gm);
+  return load_from_buffer(bytes.data(), bytes.size());
+}
+
+// The message load_from_buffer gives for `bytes`, or "" if it loads.
+std::string load_error(const std::string& bytes) {
+  try {
+    load_from_buffer(bytes.data(), bytes.size(), "f.tcg");
+  } catch (const FormatError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string with_json(const std::string& bytes, const std::function<void(Json&)>& edit) {
+  TcgFile f = TcgFile::parse(bytes);
+  Json doc = Json::parse(f.json);
+  edit(doc);
+  f.json = doc.dump();
+  return f.bytes();
+}
+
+// The small valid file the damaged ones are made from.
+std::string valid() { return save_to_string(testing::small_module()); }
+
+// --- Round trips ----------------------------------------------------------------
+
+TEST(SerializeRoundTrip, SampleModule) {
+  GraphModule gm = testing::sample_module();
+  at::manual_seed(0);
+  gm.set_attribute("fc.weight", at::randn({5, 4}), AttributeKind::Parameter);
+  gm.set_attribute("fc.bias", at::randn({5}), AttributeKind::Parameter);
+  gm.lint();
+  GraphModule loaded = round_trip(gm);
+  loaded.lint();
+  expect_same_module(gm, loaded);
+  EXPECT_EQ(python_code(gm), python_code(loaded));
+}
+
+TEST(SerializeRoundTrip, EveryArgumentKind) {
+  GraphModule gm = testing::every_argument_module();
+  gm.lint();
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+}
+
+TEST(SerializeRoundTrip, DoublesAreBitExact) {
+  // Random bit patterns, plus the awkward ones: each becomes a node argument.
+  std::vector<double> values = {0.0, -0.0, 0.1, 1.0 / 3.0, 1e-308, 5e-324, -5e-324, 1e308,
+                                std::numeric_limits<double>::max(),
+                                std::numeric_limits<double>::lowest(),
+                                std::numeric_limits<double>::infinity(),
+                                -std::numeric_limits<double>::infinity(),
+                                std::numeric_limits<double>::quiet_NaN(),
+                                -std::numeric_limits<double>::quiet_NaN(),
+                                std::numeric_limits<double>::signaling_NaN()};
+  uint64_t state = 0x9e3779b97f4a7c15ULL;
+  for (int i = 0; i < 2000; ++i) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    double d;
+    std::memcpy(&d, &state, sizeof d);
+    values.push_back(d);
+  }
+  uint64_t payload_nan = 0x7ff000000000dead;
+  double d;
+  std::memcpy(&d, &payload_nan, sizeof d);
+  values.push_back(d);
+
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* last = x;
+  for (double v : values) last = g.call_function("aten::add.Scalar", {last, v});
+  g.output({last});
+  gm.set_flat_specs();
+  GraphModule loaded = round_trip(gm);
+  std::vector<Node*> before = gm.graph().nodes(), after = loaded.graph().nodes();
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 1; i + 1 < before.size(); ++i) {
+    double a = before[i]->args()[1].to_double();
+    ASSERT_TRUE(after[i]->args()[1].is_double());
+    double b = after[i]->args()[1].to_double();
+    EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "value " << i;
+  }
+}
+
+TEST(SerializeRoundTrip, SpecsWithConstantsDictsAndNone) {
+  GraphModule gm = testing::nested_spec_module();
+  gm.lint();
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+  EXPECT_EQ(loaded.in_spec.str(), gm.in_spec.str());
+  EXPECT_EQ(loaded.out_spec.str(), gm.out_spec.str());
+}
+
+TEST(SerializeRoundTrip, AttributesOfEachKindAndDtype) {
+  GraphModule gm = testing::attribute_zoo_module();
+  gm.lint();
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+  for (const Attribute& a : loaded.attributes()) {
+    if (!a.value.defined()) continue;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a.value.data_ptr()) % 64, 0u) << a.name;
+  }
+}
+
+TEST(SerializeRoundTrip, StridesKeptForDenseAndBroadcastViews) {
+  GraphModule gm = testing::attribute_zoo_module();
+  GraphModule loaded = round_trip(gm);
+  // Transposed and channels-last tensors keep their strides; broadcast views
+  // keep their zero strides (and their small storage); a slice with gaps is
+  // stored contiguous.
+  EXPECT_EQ(loaded.attribute("layout.transposed").value.strides(),
+            gm.attribute("layout.transposed").value.strides());
+  EXPECT_EQ(loaded.attribute("layout.channels_last").value.strides(),
+            gm.attribute("layout.channels_last").value.strides());
+  EXPECT_EQ(loaded.attribute("layout.expanded").value.strides(),
+            gm.attribute("layout.expanded").value.strides());
+  EXPECT_TRUE(loaded.attribute("layout.sliced").value.is_contiguous());
+  EXPECT_FALSE(gm.attribute("layout.sliced").value.is_contiguous());
+}
+
+TEST(SerializeRoundTrip, TiedAttributesStayTied) {
+  GraphModule gm = testing::attribute_zoo_module();
+  GraphModule loaded = round_trip(gm);
+  EXPECT_EQ(loaded.attribute("tied.a").value.data_ptr(), loaded.attribute("tied.b").value.data_ptr());
+  TcgFile f = TcgFile::parse(save_to_string(gm));
+  Json doc = Json::parse(f.json);
+  size_t defined = 0;
+  for (const Json& a : doc["attributes"]) defined += a["tensor"].is_null() ? 0 : 1;
+  EXPECT_EQ(doc["tensors"].size() + 1, defined);  // one table entry for the pair
+}
+
+TEST(SerializeRoundTrip, SavingTwiceGivesTheSameBytes) {
+  GraphModule gm = testing::attribute_zoo_module();
+  std::string first = save_to_string(gm);
+  EXPECT_EQ(first, save_to_string(gm));
+  GraphModule loaded = load_from_buffer(first.data(), first.size());
+  EXPECT_EQ(first, save_to_string(loaded));
+}
+
+TEST(SerializeRoundTrip, StackTracesOfATracedGraph) {
+  GraphModule gm = trace(
+      [](std::vector<c10::IValue> in) {
+        at::Tensor x = in[0].toTensor();
+        return c10::IValue(at::relu(x * 2));
+      },
+      {at::randn({3})});
+  bool any = false;
+  for (const Node* n : gm.graph()) any |= !n->meta().stack_trace.frames().empty();
+  EXPECT_TRUE(any) << "the trace recorded no stack traces to round-trip";
+  expect_same_module(gm, round_trip(gm));
+}
+
+// Nothing in the writer or the reader recurses over the graph's length.
+TEST(SerializeRoundTrip, GraphOf100000Nodes) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* last = g.placeholder("x");
+  for (int i = 0; i < 100000; ++i) last = g.call_function("aten::relu", {last});
+  g.output({last});
+  gm.set_flat_specs();
+  GraphModule loaded = round_trip(gm);
+  EXPECT_EQ(loaded.graph().size(), gm.graph().size());
+  EXPECT_EQ(loaded.graph().last()->prev()->name(), "relu_99999");
+}
+
+// Wide nodes: one value read by 50,000 nodes, and a cat of 50,000 values (each
+// twice). Loading builds and lints them in linear time; the inputs of the cat
+// are the distinct values, in order of first appearance.
+TEST(SerializeRoundTrip, WideFanOutAndFanIn) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  ArgumentList values;
+  for (int i = 0; i < 50000; ++i) values.push_back(g.call_function("aten::relu", {x}));
+  ArgumentList twice = values;
+  twice.insert(twice.end(), values.begin(), values.end());
+  Node* cat = g.call_function("aten::cat", {Argument(twice)});
+  g.output({cat});
+  gm.set_flat_specs();
+  ASSERT_EQ(cat->inputs().size(), 50000u);
+  GraphModule loaded = round_trip(gm);
+  Node* loaded_cat = loaded.graph().output_node()->prev();
+  ASSERT_EQ(loaded_cat->inputs().size(), 50000u);
+  EXPECT_EQ(loaded_cat->inputs()[17]->name(), "relu_17");
+  EXPECT_EQ(loaded.graph().first()->users().size(), 50000u);
+}
+
+TEST(SerializeRoundTrip, EmptyGraph) {
+  GraphModule gm;
+  gm.graph().output({});
+  gm.set_flat_specs();
+  expect_same_module(gm, round_trip(gm));
+}
+
+// --- The example zoo ------------------------------------------------------------
+
+class ZooRoundTrip : public ::testing::TestWithParam<std::string> {};
+
+// Every example: traced, saved to a file, loaded, printed and run. The loaded
+// graph prints as the traced one and computes bit-identical results (the same
+// kernels on the same weights and inputs).
+TEST_P(ZooRoundTrip, LoadsPrintsAndRunsIdentically) {
+  examples::Example e = examples::make(GetParam());
+  GraphModule gm = examples::trace(e);
+  TempDir dir;
+  const std::string path = dir.file("model.tcg");
+  save(gm, path);
+  GraphModule loaded = load(path);
+  expect_same_module(gm, loaded);
+
+  std::vector<c10::IValue> inputs = e.make_inputs(1);
+  c10::IValue expected = Interpreter(gm).run(inputs);
+  c10::IValue actual = Interpreter(loaded).run(inputs);
+  EXPECT_EQ(examples::max_abs_diff(actual, expected), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ZooRoundTrip, ::testing::ValuesIn(examples::names()),
+                         [](const auto& info) { return info.param; });
+
+class ExportedZooRoundTrip : public ::testing::TestWithParam<std::string> {};
+
+// Exported (functionalized) examples carry a signature: outputs that update
+// buffers or inputs. Both modules start from the same buffer values, so both
+// runs give the same results and leave the same buffers.
+TEST_P(ExportedZooRoundTrip, KeepsTheSignatureAndWritesTheSameBuffers) {
+  examples::Example e = examples::make(GetParam());
+  std::vector<c10::IValue> example = e.make_inputs(0);
+  GraphModule gm = e.module ? export_program(*e.module, e.forward, example)
+                            : export_program(e.forward, example);
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+
+  std::vector<c10::IValue> inputs = e.make_inputs(1);
+  c10::IValue expected = Interpreter(gm).run(inputs);
+  c10::IValue actual = Interpreter(loaded).run(inputs);
+  EXPECT_EQ(examples::max_abs_diff(actual, expected), 0.0);
+  for (const OutputSpec& o : gm.output_specs) {
+    if (o.kind != OutputKind::BufferMutation) continue;
+    expect_same_tensor(loaded.attribute(o.target).value, gm.attribute(o.target).value, o.target);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ExportedZooRoundTrip, ::testing::ValuesIn(examples::names()),
+                         [](const auto& info) { return info.param; });
+
+TEST(SerializeRoundTrip, SignatureOfAHandBuiltModuleRunsItsWrites) {
+  GraphModule gm = testing::signature_module();
+  gm.lint();
+  GraphModule loaded = round_trip(gm);
+  expect_same_module(gm, loaded);
+  at::Tensor x = at::ones({3});
+  c10::IValue y = Interpreter(loaded).run({x});
+  EXPECT_TRUE(at::equal(y.toTensor(), at::arange(3, at::kFloat)));
+  EXPECT_TRUE(at::equal(loaded.attribute("stats.mean").value, at::arange(3, at::kFloat) + 1));
+  EXPECT_TRUE(at::equal(x, at::full({3}, 2.0)));
+}
+
+TEST(SerializeRoundTrip, SignatureIsWrittenOnlyWhenThereAreMutations) {
+  examples::Example e = examples::make("cnn_bn_train");
+  GraphModule gm = export_program(*e.module, e.forward, e.make_inputs(0));
+  ASSERT_FALSE(gm.output_specs.empty());
+  Json doc = Json::parse(TcgFile::parse(save_to_string(gm)).json);
+  ASSERT_TRUE(doc.contains("signature"));
+  EXPECT_EQ(doc["signature"]["outputs"][0], Json({{"kind", "user"}, {"target", ""}}));
+  EXPECT_EQ(doc["signature"]["outputs"][1],
+            Json({{"kind", "buffer_mutation"}, {"target", "bn1.num_batches_tracked"}}));
+  EXPECT_FALSE(Json::parse(TcgFile::parse(valid()).json).contains("signature"));
+}
+
+// --- save ---------------------------------------------------------------------
+
+TEST(Save, ReplacesTheTargetAndLeavesNoTemporaryFile) {
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  std::ofstream(path) << "old contents";
+  save(testing::attribute_zoo_module(), path);
+  EXPECT_NO_THROW(load(path));
+  std::vector<std::string> entries;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    entries.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(entries, std::vector<std::string>{"m.tcg"});
+}
+
+TEST(Save, AModuleThatCannotBeStoredLeavesTheOldFile) {
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  std::ofstream(path) << "old contents";
+  GraphModule gm;
+  gm.graph().output({gm.graph().get_attr("q")});
+  gm.set_flat_specs();
+  gm.set_attribute("q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8),
+                   AttributeKind::Buffer);
+  try {
+    save(gm, path);
+    FAIL() << "saved a quantized tensor";
+  } catch (const FormatError& e) {
+    EXPECT_STREQ(e.what(), "save: attribute 'q': tensors of dtype QInt8 cannot be stored");
+  }
+  std::ifstream in(path);
+  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(contents, "old contents");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+}
+
+TEST(Save, IntoAMissingDirectoryFailsCleanly) {
+  TempDir dir;
+  const std::string path = dir.file("missing/m.tcg");
+  try {
+    save(testing::attribute_zoo_module(), path);
+    FAIL() << "saved into a missing directory";
+  } catch (const FormatError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.rfind("save: cannot create '" + path + ".tmp-", 0), 0u) << what;
+    EXPECT_NE(what.find("No such file or directory"), std::string::npos) << what;
+  }
+}
+
+TEST(Save, NonUtf8StringArgumentIsRefused) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* y = g.placeholder("y");
+  g.output({g.call_function("aten::div.Tensor_mode", {x, y}, {{"rounding_mode", "fl\xffor"}})});
+  gm.set_flat_specs();
+  try {
+    save_to_string(gm);
+    FAIL() << "saved a string that is not UTF-8";
+  } catch (const FormatError& e) {
+    EXPECT_STREQ(e.what(), "save: node %div: the string is not valid UTF-8");
+  }
+}
+
+// --- load: what a loaded module is made of --------------------------------------------
+
+TEST(Load, TensorsAreViewsOfOneMappingNotCopies) {
+  GraphModule gm = testing::attribute_zoo_module();
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  save(gm, path);
+  GraphModule loaded = load(path);
+  TcgFile f = TcgFile::parse(save_to_string(gm));
+  Json doc = Json::parse(f.json);
+  // Two tensors sit as far apart in memory as in the file: both point into
+  // one mapping of the whole file.
+  const Json& tensors = doc["tensors"];
+  ASSERT_GE(tensors.size(), 2u);
+  auto address = [&](const std::string& name) {
+    return reinterpret_cast<uintptr_t>(loaded.attribute(name).value.data_ptr());
+  };
+  std::string first = tensors[0]["name"], last = tensors[tensors.size() - 1]["name"];
+  EXPECT_EQ(address(last) - address(first),
+            tensors[tensors.size() - 1]["offset"].get<uint64_t>() - tensors[0]["offset"].get<uint64_t>());
+  EXPECT_EQ((address(first) - f.data_offset - tensors[0]["offset"].get<uint64_t>()) % 4096, 0u)
+      << "the file's first byte is not page-aligned in memory";
+}
+
+TEST(Load, WritesToLoadedTensorsDoNotReachTheFile) {
+  GraphModule gm = testing::attribute_zoo_module();
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  save(gm, path);
+  {
+    GraphModule loaded = load(path);
+    loaded.attribute("dtypes.float32").value.fill_(42);
+  }
+  GraphModule again = load(path);
+  expect_same_tensor(again.attribute("dtypes.float32").value, gm.attribute("dtypes.float32").value,
+                     "dtypes.float32");
+}
+
+TEST(Load, TensorsOutliveTheModuleAndTheFile) {
+  GraphModule gm = testing::attribute_zoo_module();
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  save(gm, path);
+  at::Tensor kept;
+  {
+    GraphModule loaded = load(path);
+    kept = loaded.attribute("dtypes.float64").value;
+  }
+  fs::remove(path);
+  expect_same_tensor(kept, gm.attribute("dtypes.float64").value, "dtypes.float64");
+}
+
+// --- load: one test per verification failure -------------------------------------------
+
+TEST(LoadRejects, MissingFile) {
+  TempDir dir;
+  const std::string path = dir.file("nope.tcg");
+  try {
+    load(path);
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": cannot open: No such file or directory");
+  }
+}
+
+TEST(LoadRejects, ADirectoryOrAFifo) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {dir.path(), fifo}) {
+    try {
+      load(path);  // a FIFO must not block waiting for a writer
+      FAIL() << path;
+    } catch (const FormatError& e) {
+      EXPECT_EQ(std::string(e.what()), path + ": not a regular file");
+    }
+  }
+}
+
+TEST(LoadRejects, EmptyFile) {
+  TempDir dir;
+  const std::string path = dir.file("empty.tcg");
+  std::ofstream(path).close();
+  try {
+    load(path);
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              path + ": byte 0: not a torchcap graph file (the first 8 bytes are not the .tcg "
+                     "magic)");
+  }
+}
+
+TEST(LoadRejects, WrongMagic) {
+  std::string b = valid();
+  b[1] = 'X';
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte 0: not a torchcap graph file (the first 8 bytes are not the .tcg magic)");
+}
+
+TEST(LoadRejects, TruncatedHeader) {
+  EXPECT_EQ(load_error(valid().substr(0, 20)),
+            "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header");
+}
+
+TEST(LoadRejects, NewerMajorVersion) {
+  std::string b = valid();
+  TcgFile::put(b, 8, 2, 2);
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte 8: format version 2.0 is not supported; this torchcap reads version 1.x");
+}
+
+TEST(LoadRejects, HeaderSizeOutOfRange) {
+  std::string b = valid();
+  TcgFile::put(b, 12, 32, 4);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 32 is not between 64 and the file size " +
+                               std::to_string(b.size()));
+}
+
+TEST(LoadRejects, TruncatedFile) {
+  std::string b = valid();
+  std::string cut = b.substr(0, b.size() - 3);
+  EXPECT_EQ(load_error(cut), "f.tcg: byte 16: the header gives the file size as " +
+                                 std::to_string(b.size()) + " bytes but the file has " +
+                                 std::to_string(cut.size()) + " (truncated)");
+}
+
+TEST(LoadRejects, TrailingBytes) {
+  std::string b = valid();
+  EXPECT_EQ(load_error(b + "xx"), "f.tcg: byte 16: the header gives the file size as " +
+                                      std::to_string(b.size()) + " bytes but the file has " +
+                                      std::to_string(b.size() + 2) + " (trailing bytes)");
+}
+
+TEST(LoadRejects, WrongAlignment) {
+  std::string b = valid();
+  TcgFile::put(b, 56, 16, 4);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 56: alignment 16 is not 64");
+}
+
+TEST(LoadRejects, UnknownFlags) {
+  std::string b = valid();
+  TcgFile::put(b, 60, 4, 4);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 60: unknown flags 0x4 for version 1.0");
+}
+
+TEST(LoadRejects, JsonOffsetInsideTheHeader) {
+  std::string b = valid();
+  TcgFile::put(b, 24, 8, 8);
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte 24: the JSON section's offset 8 is not between the end of the header "
+            "and the end of the file");
+}
+
+TEST(LoadRejects, JsonSizePastTheEnd) {
+  std::string b = valid();
+  TcgFile::put(b, 32, uint64_t{1} << 62, 8);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 32: the JSON section [64, +4611686018427387904) extends "
+                           "past the end of the file at " +
+                               std::to_string(b.size()));
+}
+
+TEST(LoadRejects, UnalignedDataSection) {
+  std::string b = valid();
+  TcgFile f = TcgFile::parse(b);
+  TcgFile::put(b, 40, f.data_offset + 8, 8);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 40: the data section's offset " +
+                               std::to_string(f.data_offset + 8) +
+                               " is not a multiple of 64 between the end of the JSON section at " +
+                               std::to_string(64 + f.json.size()) + " and the end of the file");
+}
+
+TEST(LoadRejects, DataSizePastTheEnd) {
+  std::string b = valid();
+  TcgFile f = TcgFile::parse(b);
+  TcgFile::put(b, 48, f.data.size() + 64, 8);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 48: the data section [" + std::to_string(f.data_offset) +
+                               ", +" + std::to_string(f.data.size() + 64) +
+                               ") extends past the end of the file at " +
+                               std::to_string(b.size()));
+}
+
+TEST(LoadRejects, InvalidJson) {
+  TcgFile f = TcgFile::parse(valid());
+  f.json[10] = '}';
+  EXPECT_EQ(load_error(f.bytes()),
+            "f.tcg: byte 74: the JSON section is not valid JSON: parse error at line 1, column "
+            "11: syntax error while parsing value - unexpected '}'; expected '[', '{', or a "
+            "literal");
+}
+
+TEST(LoadRejects, JsonNestedTooDeep) {
+  TcgFile f = TcgFile::parse(valid());
+  f.json = "{\"nodes\": " + std::string(70, '[') + std::string(70, ']') + "}";
+  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 137: the JSON nests deeper than 64 levels");
+}
+
+TEST(LoadRejects, JsonNotAnObject) {
+  TcgFile f = TcgFile::parse(valid());
+  f.json = "[1, 2]";
+  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 64: the JSON section must hold an object, not an array");
+}
+
+TEST(LoadRejects, MissingSection) {
+  std::string b = with_json(valid(), [](Json& d) { d.erase("nodes"); });
+  EXPECT_EQ(load_error(b), "f.tcg: byte 64: the JSON section has no 'nodes'");
+}
+
+TEST(LoadRejects, UnknownTopLevelKey) {
+  std::string b = with_json(valid(), [](Json& d) { d["extra"] = 1; });
+  EXPECT_EQ(load_error(b), "f.tcg: byte 64: unknown key 'extra'");
+}
+
+TEST(LoadRejects, UnknownKeyIsIgnoredInANewerMinorVersion) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["extra"] = 1;
+    d["nodes"][0]["future"] = true;
+  });
+  TcgFile::put(b, 10, kFormatMinorVersion + 1, 2);
+  EXPECT_EQ(load_error(b), "");
+}
+
+TEST(LoadRejects, SignatureThatIsNotAnObject) {
+  std::string b = with_json(valid(), [](Json& d) { d["signature"] = 3; });
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte " + std::to_string(at) + ": 'signature': expected an object, got an integer");
+}
+
+TEST(LoadRejects, SignatureWithAnUnknownKey) {
+  std::string b = with_json(valid(), [](Json& d) { d["signature"] = {{"inputs", Json::array()}}; });
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) + ": 'signature': unknown key 'inputs'");
+}
+
+TEST(LoadRejects, UnknownOutputKind) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["signature"] = {{"outputs", {{{"kind", "gradient"}, {"target", ""}}}}};
+  });
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
+                               ": 'signature': outputs[0].kind: unknown output kind 'gradient'");
+}
+
+TEST(LoadRejects, MutationOfAnAttributeThatIsNoBuffer) {
+  // Two outputs: the user's, and a write to a buffer the module does not have.
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][7]["args"][0].push_back({{"node", "where"}});
+    d["signature"] = {{"outputs",
+                       {{{"kind", "user"}, {"target", ""}},
+                        {{"kind", "buffer_mutation"}, {"target", "running_mean"}}}}};
+  });
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: output 1 (buffer mutation of 'running_mean') names no "
+                               "parameter or buffer");
+}
+
+// Tensor table -------------------------------------------------------------------
+
+// The byte where element `i` of top-level array `key` starts in `bytes`.
+uint64_t element_byte(const std::string& bytes, const std::string& key, size_t i) {
+  return testing::element_offset(TcgFile::parse(bytes).json, key, i) + 64;
+}
+
+std::string at_tensor(const std::string& b, size_t i) {
+  return "f.tcg: byte " + std::to_string(element_byte(b, "tensors", i)) + ": ";
+}
+
+TEST(LoadRejects, UnknownDtype) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["dtype"] = "float31"; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) + "tensor 'w' (tensors[0]): dtype: unknown dtype 'float31'");
+}
+
+TEST(LoadRejects, QuantizedDtypeInTheTable) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["dtype"] = "qint8"; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): dtype: tensors of dtype qint8 cannot be "
+                               "stored in the data section");
+}
+
+TEST(LoadRejects, LengthInconsistentWithShape) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["sizes"] = {2, 4}; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): length: byte length 24 does not match "
+                               "dtype float32, sizes [2, 4] and strides [3, 1], which span 28 bytes");
+}
+
+TEST(LoadRejects, LengthInconsistentWithStrides) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["strides"] = {1, 1}; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): length: byte length 24 does not match "
+                               "dtype float32, sizes [2, 3] and strides [1, 1], which span 16 bytes");
+}
+
+TEST(LoadRejects, StridesForTheWrongNumberOfDimensions) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["strides"] = {1}; });
+  EXPECT_EQ(load_error(b),
+            at_tensor(b, 0) + "tensor 'w' (tensors[0]): strides: 1 strides for 2 dimensions");
+}
+
+TEST(LoadRejects, NegativeSize) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["sizes"] = {-2, 3}; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): sizes[0]: expected a non-negative "
+                               "integer, got -2");
+}
+
+TEST(LoadRejects, SizesThatOverflow) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["tensors"][0]["sizes"] = {int64_t{1} << 40, int64_t{1} << 40};
+    d["tensors"][0]["strides"] = {int64_t{1} << 40, 1};
+  });
+  EXPECT_EQ(load_error(b),
+            at_tensor(b, 0) +
+                "tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with strides "
+                "[1099511627776, 1] span more bytes than 64 bits can count");
+}
+
+TEST(LoadRejects, TooManyDimensions) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["tensors"][0]["sizes"] = std::vector<int64_t>(65, 1);
+  });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): sizes: 65 dimensions; the format allows "
+                               "at most 64");
+}
+
+TEST(LoadRejects, UnalignedTensorOffset) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 8; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 1) +
+                               "tensor 'mask' (tensors[1]): offset: offset 8 is not a multiple of 64");
+}
+
+TEST(LoadRejects, TensorPastTheDataSection) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 640; });
+  TcgFile f = TcgFile::parse(b);
+  EXPECT_EQ(load_error(b), at_tensor(b, 1) +
+                               "tensor 'mask' (tensors[1]): bytes [640, 643) of the data section "
+                               "extend past its end at " +
+                               std::to_string(f.data.size()));
+}
+
+TEST(LoadRejects, OverlappingTensors) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 0; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 1) +
+                               "tensor 'mask' (tensors[1]): its bytes overlap those of tensor 'w'");
+}
+
+TEST(LoadRejects, DuplicateTensorName) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["name"] = "w"; });
+  EXPECT_EQ(load_error(b),
+            at_tensor(b, 1) + "tensor 'w' (tensors[1]): name: a second tensor has this name");
+}
+
+TEST(LoadRejects, BoolThatIsNeitherZeroNorOne) {
+  std::string b = valid();
+  TcgFile f = TcgFile::parse(b);
+  Json doc = Json::parse(f.json);
+  uint64_t at = f.data_offset + doc["tensors"][1]["offset"].get<uint64_t>() + 2;
+  b[at] = 7;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
+                               ": tensor 'mask' (tensors[1]): bool byte 7 is neither 0 nor 1");
+}
+
+TEST(LoadRejects, MissingTensorField) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0].erase("strides"); });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) + "tensor 'w' (tensors[0]): missing 'strides'");
+}
+
+// Attributes ---------------------------------------------------------------------
+
+std::string at_attribute(const std::string& b, size_t i) {
+  return "f.tcg: byte " + std::to_string(element_byte(b, "attributes", i)) + ": ";
+}
+
+TEST(LoadRejects, AttributeTensorIndexOutOfRange) {
+  std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["tensor"] = 9; });
+  EXPECT_EQ(load_error(b), at_attribute(b, 0) +
+                               "attribute 'w' (attributes[0]): tensor: tensor index 9 is not in "
+                               "the tensor table of 2");
+}
+
+TEST(LoadRejects, DuplicateAttributeName) {
+  std::string b = with_json(valid(), [](Json& d) { d["attributes"][1]["name"] = "w"; });
+  EXPECT_EQ(load_error(b), at_attribute(b, 1) +
+                               "attribute 'w' (attributes[1]): name: a second attribute has this "
+                               "name");
+}
+
+TEST(LoadRejects, UnknownAttributeKind) {
+  std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["kind"] = "weight"; });
+  EXPECT_EQ(load_error(b), at_attribute(b, 0) +
+                               "attribute 'w' (attributes[0]): kind: unknown attribute kind "
+                               "'weight'");
+}
+
+TEST(LoadRejects, AttributeNameWithAnEmptyPart) {
+  std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["name"] = "a..b"; });
+  EXPECT_EQ(load_error(b), at_attribute(b, 0) +
+                               "attribute 'a..b' (attributes[0]): name: the name is not a dotted "
+                               "path of non-empty parts");
+}
+
+TEST(LoadRejects, GetAttrOfAMissingAttribute) {
+  std::string b = with_json(valid(), [](Json& d) { d["attributes"].erase(1); });
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte " + std::to_string(TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8) +
+                ": lint: get_attr %mask reads attribute 'mask', which the GraphModule does not "
+                "have");
+}
+
+// Nodes --------------------------------------------------------------------------
+
+std::string at_node(const std::string& b, size_t i) {
+  return "f.tcg: byte " + std::to_string(element_byte(b, "nodes", i)) + ": ";
+}
+
+// Node indices in small_module(): 0 x, 1 w, 2 mask, 3 add, 4 topk, 5 getitem, 6 where, 7 output.
+
+TEST(LoadRejects, UnknownOperator) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "aten::frobnicate"; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): call_function: no operator "
+                               "aten::frobnicate is registered");
+}
+
+TEST(LoadRejects, UnknownOverload) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "aten::add.Nope"; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): call_function: no operator aten::add.Nope "
+                               "is registered");
+}
+
+TEST(LoadRejects, TargetThatIsNotAQualifiedName) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "add"; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): 'add' is not a qualified operator name; "
+                               "expected namespace::name[.overload], e.g. aten::add.Tensor");
+}
+
+TEST(LoadRejects, ArgumentsThatDoNotFitTheSchema) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["args"][1] = "two"; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): argument 'other' of aten::add.Tensor "
+                               "expects Tensor, got str");
+}
+
+TEST(LoadRejects, UnknownKeywordArgument) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][3]["kwargs"] = Json::array({Json::array({"beta", 2})});
+  });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 3) + "node %add (nodes[3]): aten::add.Tensor has no argument named 'beta'");
+}
+
+TEST(LoadRejects, DuplicateNodeName) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "w"; });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 3) + "node %w (nodes[3]): name: duplicate or invalid node name 'w'");
+}
+
+TEST(LoadRejects, InvalidNodeName) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "not valid"; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %not valid (nodes[3]): name: duplicate or invalid node name "
+                               "'not valid'");
+}
+
+TEST(LoadRejects, ReservedNodeName) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "self"; });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 3) + "node %self (nodes[3]): name: duplicate or invalid node name 'self'");
+}
+
+TEST(LoadRejects, ReferenceToALaterNode) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["args"][0] = {{"node", "where"}}; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): args[0].node: %where is not a node defined "
+                               "before this one");
+}
+
+TEST(LoadRejects, UnknownOpcode) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["op"] = "call_module"; });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 3) + "node %add (nodes[3]): op: unknown opcode 'call_module'");
+}
+
+TEST(LoadRejects, NodeAfterTheOutput) {
+  std::string b = with_json(valid(), [](Json& d) {
+    Json extra = d["nodes"][3];
+    extra["name"] = "late";
+    d["nodes"].push_back(extra);
+  });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 8) + "node %late (nodes[8]): the node comes after the output node");
+}
+
+TEST(LoadRejects, NoOutput) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"].erase(7); });
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte " + std::to_string(nodes) + ": 'nodes': the graph has no output node");
+}
+
+TEST(LoadRejects, PlaceholderAfterAnotherNode) {
+  std::string b = with_json(valid(), [](Json& d) {
+    Json ph = d["nodes"][0];
+    d["nodes"].erase(0);
+    d["nodes"].insert(d["nodes"].begin() + 2, ph);
+  });
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: placeholder %x comes after non-placeholder nodes");
+}
+
+TEST(LoadRejects, GetItemWithBadArguments) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][5]["args"][1] = "zero"; });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 5) + "node %getitem (nodes[5]): args: getitem takes (node, index)");
+}
+
+TEST(LoadRejects, GetItemOutOfRange) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][5]["args"][1] = 2; });
+  EXPECT_EQ(load_error(b), at_node(b, 5) +
+                               "node %getitem (nodes[5]): getitem index 2 is out of range for "
+                               "%topk, which has 2 values");
+}
+
+TEST(LoadRejects, UnknownArgumentKind) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][4]["args"][1] = {{"complex", "1j"}}; });
+  EXPECT_EQ(load_error(b),
+            at_node(b, 4) + "node %topk (nodes[4]): args[1]: unknown argument kind 'complex'");
+}
+
+TEST(LoadRejects, TypedArgumentWithTwoKeys) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][4]["args"][1] = {{"float", "inf"}, {"node", "x"}};
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 4) +
+                               "node %topk (nodes[4]): args[1]: a typed argument is an object "
+                               "with exactly one key");
+}
+
+TEST(LoadRejects, FloatStringThatIsNotNonFinite) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["kwargs"][0][1] = {{"float", "1.5"}}; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): kwargs[0][1].float: '1.5' is not inf, -inf, "
+                               "nan or the 0x bits of a NaN");
+}
+
+TEST(LoadRejects, FiniteBitsWrittenAsString) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][3]["kwargs"][0][1] = {{"float", "0x3ff0000000000000"}};
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): kwargs[0][1].float: '0x3ff0000000000000' is "
+                               "not inf, -inf, nan or the 0x bits of a NaN");
+}
+
+// Integer literals beyond int64_t: nlohmann::json would read 2^63 .. 2^64-1
+// as unsigned and anything larger, or below -2^63, as a double, so an int
+// argument would come back as a float. Reported at the literal.
+TEST(LoadRejects, IntegerOutOfRange) {
+  for (const char* literal : {"9223372036854775808", "18446744073709551615",
+                              "100000000000000000000", "-9223372036854775809"}) {
+    TcgFile f = TcgFile::parse(valid());
+    size_t at = f.json.find("{\"node\":\"add\"},2]");
+    ASSERT_NE(at, std::string::npos);
+    at += std::strlen("{\"node\":\"add\"},");
+    f.json.replace(at, 1, literal);
+    EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte " + std::to_string(64 + at) + ": integer " +
+                                         literal + " does not fit in 64 signed bits");
+  }
+  // The edges themselves load.
+  for (const char* literal : {"9223372036854775807", "-9223372036854775808", "-0", "00"}) {
+    TcgFile f = TcgFile::parse(valid());
+    size_t at = f.json.find("\"alpha\",0.5") + std::strlen("\"alpha\",");
+    f.json.replace(at, 3, literal);
+    std::string message = load_error(f.bytes());
+    EXPECT_EQ(message.find("does not fit"), std::string::npos) << literal << ": " << message;
+  }
+}
+
+TEST(LoadRejects, BadDevice) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][0]["meta"]["val"]["tensors"][0]["device"] = "gpu:x";
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 0) +
+                               "node %x (nodes[0]): meta.val.tensors[0].device: 'gpu:x' is not "
+                               "a device");
+}
+
+TEST(LoadRejects, ValueMetaWithTheWrongTensorCount) {
+  std::string b = with_json(valid(), [](Json& d) { d["nodes"][0]["meta"]["val"]["tensors"] = Json::array(); });
+  EXPECT_EQ(load_error(b), at_node(b, 0) +
+                               "node %x (nodes[0]): meta.val.tensors: a value of kind 'tensor' "
+                               "has 1 tensor(s), not 0");
+}
+
+TEST(LoadRejects, StackFrameWithANegativeLine) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][3]["meta"]["stack_trace"] =
+        Json::array({{{"file", "a.cpp"}, {"line", -1}, {"function", "f"}}});
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): meta.stack_trace[0].line: expected a "
+                               "non-negative integer, got -1");
+}
+
+TEST(LoadRejects, StackFrameLineBeyondInt) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][3]["meta"]["stack_trace"] =
+        Json::array({{{"file", "a.cpp"}, {"line", int64_t{1} << 31}, {"function", "f"}}});
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): meta.stack_trace[0].line: line number too "
+                               "large");
+}
+
+TEST(LoadRejects, OutputReturningANonTensor) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["nodes"][7]["args"][0][0] = {{"node", "topk"}};
+  });
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: output %output returns node %topk; results must be "
+                               "Tensor nodes or none");
+}
+
+// Specs --------------------------------------------------------------------------
+
+TEST(LoadRejects, UnknownSpecKind) {
+  std::string b = with_json(valid(), [](Json& d) { d["in_spec"]["children"][0]["kind"] = "set"; });
+  uint64_t at = TcgFile::parse(b).json.find("\"in_spec\"") + 64 + 10;
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte " + std::to_string(at) + ": 'in_spec': children[0].kind: unknown spec kind 'set'");
+}
+
+TEST(LoadRejects, DictSpecWithMixedKeys) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["out_spec"] = {{"kind", "dict"},
+                     {"keys", {"a", 1}},
+                     {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
+  });
+  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + 64 + 11;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
+                               ": 'out_spec': keys[1]: dict keys are all strings or all integers");
+}
+
+TEST(LoadRejects, DictSpecWithADuplicateKey) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["out_spec"] = {{"kind", "dict"},
+                     {"keys", {"a", "a"}},
+                     {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
+  });
+  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + 64 + 11;
+  EXPECT_EQ(load_error(b),
+            "f.tcg: byte " + std::to_string(at) + ": 'out_spec': keys[1]: the key appears twice");
+}
+
+TEST(LoadRejects, SpecThatDoesNotMatchThePlaceholders) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["in_spec"] = {{"kind", "tuple"}, {"children", Json::array()}};
+  });
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: the graph has 1 placeholders but the input spec () has 0 "
+                               "tensors");
+}
+
+// Regression inputs found by the fuzzer (fuzz/load_fuzzer.cpp), rebuilt as
+// text from the crashing files, each with the message it must give.
+
+// nlohmann::json stops at a NUL byte as if the text ended there: a JSON size
+// damaged to reach over the padding into the data loaded, the rest ignored.
+// Found by running the Python loader over the fuzzer's corpus and comparing.
+TEST(LoadRejects, FuzzNulByteInTheJson) {
+  TcgFile f = TcgFile::parse(valid());
+  const size_t end = f.json.size();
+  f.json += std::string(3, '\0') + "\x80?garbage";
+  EXPECT_EQ(load_error(f.bytes()),
+            "f.tcg: byte " + std::to_string(64 + end) + ": the JSON section contains a NUL byte");
+}
+
+// A number too large for a double made nlohmann::json throw out_of_range,
+// which is not a parse_error, and escaped the loader (crash-9b028953...).
+TEST(LoadRejects, FuzzNumberOverflow) {
+  TcgFile f = TcgFile::parse(valid());
+  size_t at = f.json.find("0.5");
+  ASSERT_NE(at, std::string::npos);
+  f.json.replace(at, 3, "1e999");
+  EXPECT_EQ(load_error(f.bytes()),
+            "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'");
+}
+
+}  // namespace
+}  // namespace torchcap
