@@ -16,8 +16,10 @@ endforeach()
 set(prefix ${WORK_DIR}/prefix)
 set(consumer_build ${WORK_DIR}/consumer)
 
+# Every command runs in WORK_DIR: what it writes (the consumer's model.tcg)
+# stays there.
 function(run step)
-  execute_process(COMMAND ${ARGN}
+  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY ${WORK_DIR}
     RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT result EQUAL 0)
     string(REPLACE ";" " " command "${ARGN}")
@@ -33,6 +35,7 @@ endfunction()
 # 1. Install. A fresh prefix, so nothing left from an earlier run (a header
 #    since removed, say) can make the consumer pass.
 file(REMOVE_RECURSE ${prefix} ${consumer_build})
+file(MAKE_DIRECTORY ${WORK_DIR})
 run("installing torchcap" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
 
 file(GLOB config_files ${prefix}/lib*/cmake/torchcap/torchcapConfig.cmake)

@@ -1,5 +1,5 @@
 // Using torchcap from another project: trace a torch::nn model, print its
-// graph, run the graph and check it against the model.
+// graph, save it, load it, run it and check it against the model.
 #include <torchcap/torchcap.h>
 
 #include <torch/torch.h>
@@ -18,8 +18,10 @@ int main() {
   torchcap::GraphModule gm = torchcap::trace(*model, forward, {torch::randn({3, 4})});
   std::cout << gm.graph().str();
 
-  // Resolved once, run many times, on new inputs of the traced shapes.
-  torchcap::Interpreter graph(gm);
+  // Saved with its parameters, loaded back without the model's code, then
+  // resolved once to run many times on new inputs of the traced shapes.
+  torchcap::save(gm, "model.tcg");
+  torchcap::Interpreter graph(torchcap::load("model.tcg"));
   torch::Tensor x = torch::randn({3, 4});
   torch::Tensor y = graph.run({x}).toTensor();
 
