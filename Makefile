@@ -50,6 +50,23 @@ build: configure
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
+# Headers, library and CMake package: find_package(torchcap) then works with
+# CMAKE_PREFIX_PATH=$(PREFIX) (see examples/consumer).
+.PHONY: install
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# AddressSanitizer and UndefinedBehaviorSanitizer over torchcap and every test,
+# in a build directory of their own (cmake/sanitize.cmake has the options,
+# tests/lsan.supp the policy on leak suppressions).
+SANITIZE_DIR ?= build-sanitize
+.PHONY: sanitize
+sanitize: deps
+	cmake -S . -B $(SANITIZE_DIR) $(GENERATOR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DTORCHCAP_SANITIZE=address,undefined
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS)
+
 # Trace the built-in ResNet-18, save it, show it, run it, draw it.
 DEMO_DIR = $(BUILD_DIR)/demo
 demo: build

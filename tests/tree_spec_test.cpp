@@ -40,7 +40,7 @@ TEST(TreeSpec, FlattenLikeChecksStructure) {
   auto [leaves, spec] = tree_flatten(nested(a, a, a));
   EXPECT_EQ(spec.flatten_like(nested(a, a, a)).size(), 3u);
 
-  auto message = [&](const c10::IValue& v) -> std::string {
+  auto message = [&spec = spec](const c10::IValue& v) -> std::string {
     try {
       spec.flatten_like(v);
     } catch (const InputError& e) {
@@ -70,7 +70,7 @@ TEST(TreeSpec, FlattenLikeChecksStructure) {
 }
 
 TEST(TreeSpec, RejectsUnsupportedValues) {
-  c10::IValue device(c10::Device(c10::kCPU));
+  c10::IValue device{c10::Device(c10::kCPU)};
   try {
     tree_flatten(c10::ivalue::Tuple::create({at::ones({1}), device}), "input");
     FAIL() << "expected a TypeError";

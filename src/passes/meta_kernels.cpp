@@ -108,9 +108,10 @@ void register_meta(const c10::OperatorName& name, std::vector<c10::RegistrationH
 }
 
 void ensure_meta_kernels() {
+  // Note [Registrations for the life of the process] (src/trace/dispatch.cpp)
+  static auto* const handles = new std::vector<c10::RegistrationHandleRAII>();
   static std::once_flag once;
   std::call_once(once, [] {
-    auto* handles = new std::vector<c10::RegistrationHandleRAII>();  // for the process's life
     register_meta<&relu_meta>({"aten::relu", ""}, *handles);
     register_meta<&native_batch_norm_meta>({"aten::native_batch_norm", ""}, *handles);
     register_meta<&var_correction_meta>({"aten::var", "correction"}, *handles);

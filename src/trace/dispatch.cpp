@@ -438,11 +438,16 @@ void traced_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stac
 }  // namespace
 
 void ensure_tracer_registered() {
+  // Note [Registrations for the life of the process]
+  // Kernels torchcap registers with the dispatcher stay registered until
+  // exit: their handles are never destroyed (at exit the dispatcher may be
+  // gone before them). The handles are held through a static pointer rather
+  // than dropped, so that leak checkers see them as reachable
+  // (tests/leak_test.cpp).
+  static auto* const handles = new std::vector<c10::RegistrationHandleRAII>();
   static std::once_flag once;
   std::call_once(once, [] {
     auto& d = c10::Dispatcher::singleton();
-    // Registrations live as long as the process.
-    auto* handles = new std::vector<c10::RegistrationHandleRAII>();
     handles->push_back(d.registerFallback(
         kTracerKey, c10::KernelFunction::makeFromBoxedFunction<&traced_fallback>(),
         "torchcap tracer fallback"));
