@@ -17,7 +17,7 @@ DEB_PACKAGES := \
 	cmake g++ make \
 	libtorch-dev python3-torch python3-torchvision python3-pytest \
 	libgtest-dev libgmock-dev libbenchmark-dev \
-	nlohmann-json3-dev libcli11-dev libdw-dev libunwind-dev \
+	nlohmann-json3-dev libcli11-dev libdw-dev libunwind-dev zlib1g-dev \
 	graphviz ccache ninja-build clang libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

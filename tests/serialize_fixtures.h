@@ -3,8 +3,9 @@
 //
 // TcgFile takes a `.tcg` file apart by the layout docs/FORMAT.md gives (not by
 // the library's own code, so the tests also check the documented layout) and
-// puts it back together with a consistent header, so a test can damage one
-// thing at a time.
+// puts it back together with a consistent header and checksums, so a test can
+// damage one thing at a time: what it changes is then a hostile file, made to
+// pass the checksums, and what it breaks after `bytes()` is damage.
 #pragma once
 
 #include <torchcap/graph_module.h>
@@ -13,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 #include <cstring>
 #include <limits>
@@ -23,7 +25,7 @@ namespace torchcap::testing {
 
 struct TcgFile {
   std::string magic;  // 8 bytes
-  uint16_t major = 1, minor = 0;
+  uint16_t major = 1, minor = 0;  // from version 1.1: a 72-byte header with checksums
   std::string json;
   uint64_t data_offset = 0;
   std::string data;
@@ -40,6 +42,26 @@ struct TcgFile {
     for (int i = 0; i < bytes; ++i) b.at(offset + i) = static_cast<char>((value >> (8 * i)) & 0xff);
   }
 
+  static uint32_t crc(const std::string& bytes) {
+    return static_cast<uint32_t>(
+        ::crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()));
+  }
+
+  // Recomputes the header checksum of a file of version 1.1 or later after
+  // its header was changed with put(): the CRC-32 of the header without
+  // bytes 68 to 71, which hold it. Leaves shorter files alone.
+  static void seal_header(std::string& b) {
+    if (b.size() < 72 || get(b, 10, 2) < 1) return;
+    uint64_t size = std::min<uint64_t>(std::max<uint64_t>(get(b, 12, 4), 72), b.size());
+    put(b, 68, crc(b.substr(0, 68) + b.substr(72, size - 72)), 4);
+  }
+
+  // put() into the header, then seal_header().
+  static void put_header(std::string& b, size_t offset, uint64_t value, int bytes) {
+    put(b, offset, value, bytes);
+    seal_header(b);
+  }
+
   static TcgFile parse(const std::string& b) {
     if (b.size() < 64) throw std::runtime_error("TcgFile: shorter than a header");
     TcgFile f;
@@ -52,23 +74,59 @@ struct TcgFile {
     return f;
   }
 
-  // The file with a header that agrees with the sections as they are now.
+  // Where the JSON section starts in files of this version.
+  uint64_t json_offset() const { return minor >= 1 ? 72 : 64; }
+
+  // The file with a header, and from version 1.1 checksums, that agree with
+  // the sections as they are now. The tensor table's checksums are
+  // recomputed where the JSON is an object whose `tensors` entries have
+  // integer `offset` and `length` inside the data and a 32-bit `crc32`;
+  // otherwise the JSON text is kept as it is.
   std::string bytes() const {
-    std::string b(64, '\0');
+    const uint64_t header = json_offset();
+    std::string text = minor >= 1 ? with_tensor_checksums() : json;
+    std::string b(header, '\0');
     b.replace(0, 8, magic);
     put(b, 8, major, 2);
     put(b, 10, minor, 2);
-    put(b, 12, 64, 4);
-    uint64_t data_at = (64 + json.size() + 63) / 64 * 64;
+    put(b, 12, header, 4);
+    uint64_t data_at = (header + text.size() + 63) / 64 * 64;
     put(b, 16, data_at + data.size(), 8);
-    put(b, 24, 64, 8);
-    put(b, 32, json.size(), 8);
+    put(b, 24, header, 8);
+    put(b, 32, text.size(), 8);
     put(b, 40, data_at, 8);
     put(b, 48, data.size(), 8);
     put(b, 56, 64, 4);
-    b += json;
+    if (minor >= 1) {
+      put(b, 64, crc(text), 4);
+      seal_header(b);
+    }
+    b += text;
     b.resize(data_at, '\0');
     return b + data;
+  }
+
+ private:
+  std::string with_tensor_checksums() const {
+    nlohmann::ordered_json doc = nlohmann::ordered_json::parse(json, nullptr, false);
+    if (!doc.is_object() || !doc.contains("tensors") || !doc["tensors"].is_array()) return json;
+    bool changed = false;
+    for (auto& t : doc["tensors"]) {
+      if (!t.is_object() || !t.contains("crc32") || !t["crc32"].is_number_unsigned() ||
+          t["crc32"].get<uint64_t>() > 0xffffffff || !t.contains("offset") ||
+          !t.contains("length") || !t["offset"].is_number_unsigned() ||
+          !t["length"].is_number_unsigned()) {
+        continue;
+      }
+      uint64_t offset = t["offset"].get<uint64_t>(), length = t["length"].get<uint64_t>();
+      if (offset > data.size() || length > data.size() - offset) continue;
+      uint32_t c = crc(data.substr(offset, length));
+      if (t["crc32"] != c) {
+        t["crc32"] = c;
+        changed = true;
+      }
+    }
+    return changed ? doc.dump() : json;
   }
 };
 

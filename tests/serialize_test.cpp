@@ -135,6 +135,9 @@ std::string with_json(const std::string& bytes, const std::function<void(Json&)>
   return f.bytes();
 }
 
+// Where the JSON section starts in files this version writes (1.1).
+constexpr uint64_t kJson = 72;
+
 // The small valid file the damaged ones are made from.
 std::string valid() { return save_to_string(testing::small_module()); }
 
@@ -553,18 +556,22 @@ TEST(LoadRejects, TruncatedHeader) {
             "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header");
 }
 
+TEST(LoadRejects, TruncatedHeaderOfVersion11) {
+  EXPECT_EQ(load_error(valid().substr(0, 70)),
+            "f.tcg: byte 70: the file ends after 70 bytes, inside the 72-byte header of version 1.1");
+}
+
 TEST(LoadRejects, NewerMajorVersion) {
   std::string b = valid();
-  TcgFile::put(b, 8, 2, 2);
+  TcgFile::put_header(b, 8, 2, 2);
   EXPECT_EQ(load_error(b),
-            "f.tcg: byte 8: format version 2.0 is not supported; this torchcap reads version 1.x");
+            "f.tcg: byte 8: format version 2.1 is not supported; this torchcap reads version 1.x");
 }
 
 TEST(LoadRejects, HeaderSizeOutOfRange) {
   std::string b = valid();
-  TcgFile::put(b, 12, 32, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 32 is not between 64 and the file size " +
-                               std::to_string(b.size()));
+  TcgFile::put_header(b, 12, 32, 4);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 32 is not 72, the header size of version 1.1");
 }
 
 TEST(LoadRejects, TruncatedFile) {
@@ -584,19 +591,19 @@ TEST(LoadRejects, TrailingBytes) {
 
 TEST(LoadRejects, WrongAlignment) {
   std::string b = valid();
-  TcgFile::put(b, 56, 16, 4);
+  TcgFile::put_header(b, 56, 16, 4);
   EXPECT_EQ(load_error(b), "f.tcg: byte 56: alignment 16 is not 64");
 }
 
 TEST(LoadRejects, UnknownFlags) {
   std::string b = valid();
-  TcgFile::put(b, 60, 4, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 60: unknown flags 0x4 for version 1.0");
+  TcgFile::put_header(b, 60, 4, 4);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 60: unknown flags 0x4 for version 1.1");
 }
 
 TEST(LoadRejects, JsonOffsetInsideTheHeader) {
   std::string b = valid();
-  TcgFile::put(b, 24, 8, 8);
+  TcgFile::put_header(b, 24, 8, 8);
   EXPECT_EQ(load_error(b),
             "f.tcg: byte 24: the JSON section's offset 8 is not between the end of the header "
             "and the end of the file");
@@ -604,8 +611,8 @@ TEST(LoadRejects, JsonOffsetInsideTheHeader) {
 
 TEST(LoadRejects, JsonSizePastTheEnd) {
   std::string b = valid();
-  TcgFile::put(b, 32, uint64_t{1} << 62, 8);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 32: the JSON section [64, +4611686018427387904) extends "
+  TcgFile::put_header(b, 32, uint64_t{1} << 62, 8);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 32: the JSON section [72, +4611686018427387904) extends "
                            "past the end of the file at " +
                                std::to_string(b.size()));
 }
@@ -613,17 +620,17 @@ TEST(LoadRejects, JsonSizePastTheEnd) {
 TEST(LoadRejects, UnalignedDataSection) {
   std::string b = valid();
   TcgFile f = TcgFile::parse(b);
-  TcgFile::put(b, 40, f.data_offset + 8, 8);
+  TcgFile::put_header(b, 40, f.data_offset + 8, 8);
   EXPECT_EQ(load_error(b), "f.tcg: byte 40: the data section's offset " +
                                std::to_string(f.data_offset + 8) +
                                " is not a multiple of 64 between the end of the JSON section at " +
-                               std::to_string(64 + f.json.size()) + " and the end of the file");
+                               std::to_string(kJson + f.json.size()) + " and the end of the file");
 }
 
 TEST(LoadRejects, DataSizePastTheEnd) {
   std::string b = valid();
   TcgFile f = TcgFile::parse(b);
-  TcgFile::put(b, 48, f.data.size() + 64, 8);
+  TcgFile::put_header(b, 48, f.data.size() + 64, 8);
   EXPECT_EQ(load_error(b), "f.tcg: byte 48: the data section [" + std::to_string(f.data_offset) +
                                ", +" + std::to_string(f.data.size() + 64) +
                                ") extends past the end of the file at " +
@@ -634,7 +641,7 @@ TEST(LoadRejects, InvalidJson) {
   TcgFile f = TcgFile::parse(valid());
   f.json[10] = '}';
   EXPECT_EQ(load_error(f.bytes()),
-            "f.tcg: byte 74: the JSON section is not valid JSON: parse error at line 1, column "
+            "f.tcg: byte 82: the JSON section is not valid JSON: parse error at line 1, column "
             "11: syntax error while parsing value - unexpected '}'; expected '[', '{', or a "
             "literal");
 }
@@ -642,23 +649,23 @@ TEST(LoadRejects, InvalidJson) {
 TEST(LoadRejects, JsonNestedTooDeep) {
   TcgFile f = TcgFile::parse(valid());
   f.json = "{\"nodes\": " + std::string(70, '[') + std::string(70, ']') + "}";
-  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 137: the JSON nests deeper than 64 levels");
+  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 145: the JSON nests deeper than 64 levels");
 }
 
 TEST(LoadRejects, JsonNotAnObject) {
   TcgFile f = TcgFile::parse(valid());
   f.json = "[1, 2]";
-  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 64: the JSON section must hold an object, not an array");
+  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 72: the JSON section must hold an object, not an array");
 }
 
 TEST(LoadRejects, MissingSection) {
   std::string b = with_json(valid(), [](Json& d) { d.erase("nodes"); });
-  EXPECT_EQ(load_error(b), "f.tcg: byte 64: the JSON section has no 'nodes'");
+  EXPECT_EQ(load_error(b), "f.tcg: byte 72: the JSON section has no 'nodes'");
 }
 
 TEST(LoadRejects, UnknownTopLevelKey) {
   std::string b = with_json(valid(), [](Json& d) { d["extra"] = 1; });
-  EXPECT_EQ(load_error(b), "f.tcg: byte 64: unknown key 'extra'");
+  EXPECT_EQ(load_error(b), "f.tcg: byte 72: unknown key 'extra'");
 }
 
 TEST(LoadRejects, UnknownKeyIsIgnoredInANewerMinorVersion) {
@@ -666,20 +673,20 @@ TEST(LoadRejects, UnknownKeyIsIgnoredInANewerMinorVersion) {
     d["extra"] = 1;
     d["nodes"][0]["future"] = true;
   });
-  TcgFile::put(b, 10, kFormatMinorVersion + 1, 2);
+  TcgFile::put_header(b, 10, kFormatMinorVersion + 1, 2);
   EXPECT_EQ(load_error(b), "");
 }
 
 TEST(LoadRejects, SignatureThatIsNotAnObject) {
   std::string b = with_json(valid(), [](Json& d) { d["signature"] = 3; });
-  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
   EXPECT_EQ(load_error(b),
             "f.tcg: byte " + std::to_string(at) + ": 'signature': expected an object, got an integer");
 }
 
 TEST(LoadRejects, SignatureWithAnUnknownKey) {
   std::string b = with_json(valid(), [](Json& d) { d["signature"] = {{"inputs", Json::array()}}; });
-  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) + ": 'signature': unknown key 'inputs'");
 }
 
@@ -687,7 +694,7 @@ TEST(LoadRejects, UnknownOutputKind) {
   std::string b = with_json(valid(), [](Json& d) {
     d["signature"] = {{"outputs", {{{"kind", "gradient"}, {"target", ""}}}}};
   });
-  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + 64 + 12;
+  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
                                ": 'signature': outputs[0].kind: unknown output kind 'gradient'");
 }
@@ -700,7 +707,7 @@ TEST(LoadRejects, MutationOfAnAttributeThatIsNoBuffer) {
                        {{{"kind", "user"}, {"target", ""}},
                         {{"kind", "buffer_mutation"}, {"target", "running_mean"}}}}};
   });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
                                ": lint: output 1 (buffer mutation of 'running_mean') names no "
                                "parameter or buffer");
@@ -710,7 +717,8 @@ TEST(LoadRejects, MutationOfAnAttributeThatIsNoBuffer) {
 
 // The byte where element `i` of top-level array `key` starts in `bytes`.
 uint64_t element_byte(const std::string& bytes, const std::string& key, size_t i) {
-  return testing::element_offset(TcgFile::parse(bytes).json, key, i) + 64;
+  TcgFile f = TcgFile::parse(bytes);
+  return testing::element_offset(f.json, key, i) + f.json_offset();
 }
 
 std::string at_tensor(const std::string& b, size_t i) {
@@ -804,13 +812,136 @@ TEST(LoadRejects, DuplicateTensorName) {
 }
 
 TEST(LoadRejects, BoolThatIsNeitherZeroNorOne) {
-  std::string b = valid();
-  TcgFile f = TcgFile::parse(b);
-  Json doc = Json::parse(f.json);
-  uint64_t at = f.data_offset + doc["tensors"][1]["offset"].get<uint64_t>() + 2;
-  b[at] = 7;
+  TcgFile f = TcgFile::parse(valid());
+  f.data[Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>() + 2] = 7;
+  std::string b = f.bytes();  // with the checksum of the bytes as they are now
+  f = TcgFile::parse(b);
+  uint64_t at = f.data_offset + Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>() + 2;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
                                ": tensor 'mask' (tensors[1]): bool byte 7 is neither 0 nor 1");
+}
+
+// --- Checksums (version 1.1) ----------------------------------------------------
+// Damage is a change made after the file was sealed: bit flips the structural
+// checks cannot see, because the result is still a well-formed file.
+
+TEST(LoadRejects, DamagedHeader) {
+  std::string b = valid();
+  uint32_t recorded = static_cast<uint32_t>(TcgFile::get(b, 68, 4));
+  b[60] ^= 0x01;  // the flags: caught by the checksum before the flags check
+  char computed[9];
+  std::snprintf(computed, sizeof computed, "%08x",
+                TcgFile::crc(b.substr(0, 68)));  // the header is 72 bytes: no more to cover
+  char expected[9];
+  std::snprintf(expected, sizeof expected, "%08x", recorded);
+  EXPECT_EQ(load_error(b), std::string("f.tcg: byte 68: the header is damaged: its CRC-32 is 0x") +
+                               computed + ", the header records 0x" + expected);
+}
+
+TEST(LoadRejects, DamagedJsonThatIsStillValid) {
+  // One digit of the add's alpha changes (0.5 to 0.7): valid JSON, a valid
+  // graph, a different program. Only the checksum can tell.
+  TcgFile f = TcgFile::parse(valid());
+  size_t at = f.json.find("[\"alpha\",0.5]");
+  ASSERT_NE(at, std::string::npos) << f.json;
+  std::string b = f.bytes();
+  b[kJson + at + 11] = '7';
+  uint32_t computed = TcgFile::crc(b.substr(kJson, f.json.size()));
+  char message[128];
+  std::snprintf(message, sizeof message,
+                "f.tcg: byte 72: the JSON section is damaged: its CRC-32 is 0x%08x, the header "
+                "records 0x%08x",
+                computed, static_cast<uint32_t>(TcgFile::get(b, 64, 4)));
+  EXPECT_EQ(load_error(b), message);
+  // Sealed again (a hostile file rather than a damaged one) it loads, as
+  // the different program it now is.
+  TcgFile::put(b, 64, computed, 4);
+  TcgFile::seal_header(b);
+  GraphModule gm = load_from_buffer(b.data(), b.size());
+  EXPECT_NE(gm.graph().str().find("alpha=0.7"), std::string::npos) << gm.graph().str();
+}
+
+TEST(LoadRejects, DamagedTensorBytes) {
+  std::string b = valid();
+  TcgFile f = TcgFile::parse(b);
+  Json w = Json::parse(f.json)["tensors"][0];
+  uint64_t at = f.data_offset + w["offset"].get<uint64_t>() + 5;
+  b[at] ^= 0x10;  // a bit of w[0][1]'s exponent
+  char message[160];
+  std::snprintf(message, sizeof message,
+                "f.tcg: byte %llu: tensor 'w' (tensors[0]): its bytes are damaged: their CRC-32 "
+                "is 0x%08x, the tensor table records 0x%08x",
+                static_cast<unsigned long long>(at - 5),
+                TcgFile::crc(b.substr(at - 5, w["length"].get<uint64_t>())),
+                w["crc32"].get<uint32_t>());
+  EXPECT_EQ(load_error(b), message);
+
+  // With the checksums off the file loads, damage and all (serialize.h).
+  LoadOptions unchecked;
+  unchecked.verify_checksums = false;
+  GraphModule gm = load_from_buffer(b.data(), b.size(), "f.tcg", unchecked);
+  EXPECT_NE(gm.attribute("w").value[0][1].item<float>(), 1.0f);
+}
+
+TEST(LoadRejects, DamagedTensorBytesInAMappedFile) {
+  TempDir dir;
+  const std::string path = dir.file("model.tcg");
+  save(testing::small_module(), path);
+  std::string b = valid();
+  TcgFile f = TcgFile::parse(b);
+  uint64_t at = f.data_offset + Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>();
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(at));
+    file.put('\0');  // mask[0]: 1 becomes 0, still a valid bool
+  }
+  try {
+    load(path);
+    FAIL() << "the damaged file loaded";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(std::string(e.what()).substr(0, path.size() + 64),
+              path + ": byte " + std::to_string(at) +
+                  ": tensor 'mask' (tensors[1]): its bytes are damaged: ")
+        << e.what();
+  }
+}
+
+TEST(LoadRejects, MissingTensorChecksum) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0].erase("crc32"); });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) + "tensor 'w' (tensors[0]): missing 'crc32'");
+}
+
+TEST(LoadRejects, TensorChecksumBeyond32Bits) {
+  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["crc32"] = uint64_t{1} << 32; });
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): crc32: CRC-32 4294967296 does not fit "
+                               "in 32 bits");
+}
+
+// A file of version 1.0 (no checksums, a 64-byte header) made from one of 1.1.
+std::string as_version_10(const std::string& bytes) {
+  TcgFile f = TcgFile::parse(bytes);
+  Json doc = Json::parse(f.json);
+  for (Json& t : doc["tensors"]) t.erase("crc32");
+  f.json = doc.dump();
+  f.minor = 0;
+  return f.bytes();
+}
+
+TEST(LoadVersion10, StillLoads) {
+  GraphModule gm = testing::small_module();
+  std::string b = as_version_10(save_to_string(gm));
+  ASSERT_EQ(TcgFile::get(b, 12, 4), 64u);
+  GraphModule loaded = load_from_buffer(b.data(), b.size(), "f.tcg");
+  expect_same_module(gm, loaded);
+}
+
+TEST(LoadVersion10, RejectsWhatOnlyLaterVersionsHave) {
+  std::string b = as_version_10(valid());
+  std::string with_crc = with_json(b, [](Json& d) { d["tensors"][0]["crc32"] = 0; });
+  EXPECT_EQ(load_error(with_crc), at_tensor(with_crc, 0) + "tensors[0]: unknown key 'crc32'");
+  TcgFile::put(b, 12, 72, 4);
+  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 72 is not 64, the header size of version 1.0");
 }
 
 TEST(LoadRejects, MissingTensorField) {
@@ -855,7 +986,7 @@ TEST(LoadRejects, AttributeNameWithAnEmptyPart) {
 TEST(LoadRejects, GetAttrOfAMissingAttribute) {
   std::string b = with_json(valid(), [](Json& d) { d["attributes"].erase(1); });
   EXPECT_EQ(load_error(b),
-            "f.tcg: byte " + std::to_string(TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8) +
+            "f.tcg: byte " + std::to_string(TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8) +
                 ": lint: get_attr %mask reads attribute 'mask', which the GraphModule does not "
                 "have");
 }
@@ -948,7 +1079,7 @@ TEST(LoadRejects, NodeAfterTheOutput) {
 
 TEST(LoadRejects, NoOutput) {
   std::string b = with_json(valid(), [](Json& d) { d["nodes"].erase(7); });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
   EXPECT_EQ(load_error(b),
             "f.tcg: byte " + std::to_string(nodes) + ": 'nodes': the graph has no output node");
 }
@@ -959,7 +1090,7 @@ TEST(LoadRejects, PlaceholderAfterAnotherNode) {
     d["nodes"].erase(0);
     d["nodes"].insert(d["nodes"].begin() + 2, ph);
   });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
                                ": lint: placeholder %x comes after non-placeholder nodes");
 }
@@ -1019,7 +1150,7 @@ TEST(LoadRejects, IntegerOutOfRange) {
     ASSERT_NE(at, std::string::npos);
     at += std::strlen("{\"node\":\"add\"},");
     f.json.replace(at, 1, literal);
-    EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte " + std::to_string(64 + at) + ": integer " +
+    EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte " + std::to_string(kJson + at) + ": integer " +
                                          literal + " does not fit in 64 signed bits");
   }
   // The edges themselves load.
@@ -1072,7 +1203,7 @@ TEST(LoadRejects, OutputReturningANonTensor) {
   std::string b = with_json(valid(), [](Json& d) {
     d["nodes"][7]["args"][0][0] = {{"node", "topk"}};
   });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
                                ": lint: output %output returns node %topk; results must be "
                                "Tensor nodes or none");
@@ -1082,7 +1213,7 @@ TEST(LoadRejects, OutputReturningANonTensor) {
 
 TEST(LoadRejects, UnknownSpecKind) {
   std::string b = with_json(valid(), [](Json& d) { d["in_spec"]["children"][0]["kind"] = "set"; });
-  uint64_t at = TcgFile::parse(b).json.find("\"in_spec\"") + 64 + 10;
+  uint64_t at = TcgFile::parse(b).json.find("\"in_spec\"") + kJson + 10;
   EXPECT_EQ(load_error(b),
             "f.tcg: byte " + std::to_string(at) + ": 'in_spec': children[0].kind: unknown spec kind 'set'");
 }
@@ -1093,7 +1224,7 @@ TEST(LoadRejects, DictSpecWithMixedKeys) {
                      {"keys", {"a", 1}},
                      {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
   });
-  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + 64 + 11;
+  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + kJson + 11;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
                                ": 'out_spec': keys[1]: dict keys are all strings or all integers");
 }
@@ -1104,7 +1235,7 @@ TEST(LoadRejects, DictSpecWithADuplicateKey) {
                      {"keys", {"a", "a"}},
                      {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
   });
-  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + 64 + 11;
+  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + kJson + 11;
   EXPECT_EQ(load_error(b),
             "f.tcg: byte " + std::to_string(at) + ": 'out_spec': keys[1]: the key appears twice");
 }
@@ -1113,7 +1244,7 @@ TEST(LoadRejects, SpecThatDoesNotMatchThePlaceholders) {
   std::string b = with_json(valid(), [](Json& d) {
     d["in_spec"] = {{"kind", "tuple"}, {"children", Json::array()}};
   });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + 64 + 8;
+  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
   EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
                                ": lint: the graph has 1 placeholders but the input spec () has 0 "
                                "tensors");
@@ -1130,7 +1261,7 @@ TEST(LoadRejects, FuzzNulByteInTheJson) {
   const size_t end = f.json.size();
   f.json += std::string(3, '\0') + "\x80?garbage";
   EXPECT_EQ(load_error(f.bytes()),
-            "f.tcg: byte " + std::to_string(64 + end) + ": the JSON section contains a NUL byte");
+            "f.tcg: byte " + std::to_string(kJson + end) + ": the JSON section contains a NUL byte");
 }
 
 // A number too large for a double made nlohmann::json throw out_of_range,
@@ -1141,7 +1272,7 @@ TEST(LoadRejects, FuzzNumberOverflow) {
   ASSERT_NE(at, std::string::npos);
   f.json.replace(at, 3, "1e999");
   EXPECT_EQ(load_error(f.bytes()),
-            "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'");
+            "f.tcg: byte 72: the JSON section is not valid JSON: number overflow parsing '1e999'");
 }
 
 }  // namespace

@@ -23,19 +23,24 @@ import os
 import re
 import stat
 import struct
+import zlib
 
 import torch
 import torch.fx
 from torch.fx.graph import CodeGen
 
 FORMAT_MAJOR_VERSION = 1
-FORMAT_MINOR_VERSION = 0
+FORMAT_MINOR_VERSION = 1
 
 _MAGIC = b"\x89TCG\r\n\x1a\n"
 # magic, major, minor, header size, file size, JSON offset, JSON size,
 # data offset, data size, alignment, flags
 _HEADER = struct.Struct("<8sHHIQQQQQII")
-_HEADER_SIZE = 64
+_BASE_HEADER_SIZE = 64
+# From version 1.1: the JSON section's CRC-32 and the header's, after those.
+_CHECKSUMS = struct.Struct("<II")
+_HEADER_SIZE = 72
+_HEADER_CRC_AT = 68
 _ALIGNMENT = 64
 _MAX_DIMS = 64
 _MAX_JSON_SIZE = 1 << 30
@@ -244,9 +249,11 @@ def _attribute_expression(path):
 
 
 class _Reader:
-    def __init__(self, path, buf):
+    def __init__(self, path, buf, verify_checksums=True):
         self.path = path
         self.buf = buf
+        self.verify = verify_checksums
+        self.checksums = False
         self.strict = True
         self._scan = None
         self._big_integer = False
@@ -276,16 +283,34 @@ class _Reader:
         size = len(self.buf)
         if size < 8 or self.buf[:8] != _MAGIC:
             self.fail(0, "not a torchcap graph file (the first 8 bytes are not the .tcg magic)")
-        if size < _HEADER_SIZE:
+        if size < _BASE_HEADER_SIZE:
             self.fail(size, f"the file ends after {size} bytes, inside the 64-byte header")
         (_, major, minor, header_size, file_size, json_offset, json_size, data_offset,
          data_size, alignment, flags) = _HEADER.unpack_from(self.buf, 0)
+        version = f"{major}.{minor}"
         if major != FORMAT_MAJOR_VERSION:
-            self.fail(8, f"format version {major}.{minor} is not supported; this torchcap "
+            self.fail(8, f"format version {version} is not supported; this torchcap "
                          f"reads version {FORMAT_MAJOR_VERSION}.x")
         self.strict = minor <= FORMAT_MINOR_VERSION
-        if header_size < _HEADER_SIZE or header_size > size:
-            self.fail(12, f"header size {header_size} is not between 64 and the file size {size}")
+        self.checksums = minor >= 1
+        expected_header = _HEADER_SIZE if self.checksums else _BASE_HEADER_SIZE
+        if size < expected_header:
+            self.fail(size, f"the file ends after {size} bytes, inside the {expected_header}-byte "
+                            f"header of version {version}")
+        if self.strict and header_size != expected_header:
+            self.fail(12, f"header size {header_size} is not {expected_header}, the header size "
+                          f"of version {version}")
+        if header_size < expected_header or header_size > size:
+            self.fail(12, f"header size {header_size} is not between {expected_header} and the "
+                          f"file size {size}")
+        if self.checksums:
+            self.json_crc, recorded = _CHECKSUMS.unpack_from(self.buf, _BASE_HEADER_SIZE)
+            if self.verify:
+                crc = zlib.crc32(self.buf[_HEADER_CRC_AT + 4 : header_size],
+                                 zlib.crc32(self.buf[:_HEADER_CRC_AT]))
+                if crc != recorded:
+                    self.fail(_HEADER_CRC_AT, f"the header is damaged: its CRC-32 is "
+                                              f"0x{crc:08x}, the header records 0x{recorded:08x}")
         if file_size != size:
             self.fail(16, f"the header gives the file size as {file_size} bytes but the file has "
                           f"{size}" + (" (truncated)" if file_size > size else " (trailing bytes)"))
@@ -317,6 +342,11 @@ class _Reader:
 
     def read_json(self):
         raw = bytes(self.buf[self.json_offset : self.json_offset + self.json_size])
+        if self.checksums and self.verify:
+            crc = zlib.crc32(raw)
+            if crc != self.json_crc:
+                self.fail(self.json_offset, f"the JSON section is damaged: its CRC-32 is "
+                                            f"0x{crc:08x}, the header records 0x{self.json_crc:08x}")
         nul = raw.find(b"\0")
         if nul >= 0:
             self.fail(self.json_offset + nul, "the JSON section contains a NUL byte")
@@ -442,8 +472,8 @@ class _Reader:
             t = _Lazy(lambda i=i: self.element_offset("tensors", i))
             label = f"tensors[{i}]: "
             self.expect(entry, "object", t.offset, label)
-            self.check_keys(entry, ("name", "dtype", "sizes", "strides", "offset", "length"),
-                            t.offset, label)
+            keys = ("name", "dtype", "sizes", "strides", "offset", "length")
+            self.check_keys(entry, keys + ("crc32",) if self.checksums else keys, t.offset, label)
             name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
                                label + "name: ")
             if not name:
@@ -471,6 +501,12 @@ class _Reader:
                                   label + "offset: ", 0)
             length = self.integer(self.member(entry, "length", t.offset, label), t.offset,
                                   label + "length: ", 0)
+            if self.checksums:
+                recorded = self.integer(self.member(entry, "crc32", t.offset, label), t.offset,
+                                        label + "crc32: ", 0)
+                if recorded > 0xFFFFFFFF:
+                    self.fail(t.offset, f"{label}crc32: CRC-32 {recorded} does not fit in 32 "
+                                        "bits")
             item = _ITEM_SIZES[dtype_name]
             if any(s == 0 for s in sizes):
                 span = 0
@@ -493,6 +529,12 @@ class _Reader:
             if length:
                 ranges.append((offset, length, i, name))
             start = self.data_offset + offset
+            if self.checksums and self.verify:
+                with memoryview(self.buf) as view:
+                    crc = zlib.crc32(view[start : start + length])
+                if crc != recorded:
+                    self.fail(start, f"{label[:-2]}: its bytes are damaged: their CRC-32 is "
+                                     f"0x{crc:08x}, the tensor table records 0x{recorded:08x}")
             if length == 0:
                 tensor = torch.empty_strided(sizes, strides, dtype=dtype)
             else:
@@ -1032,7 +1074,7 @@ def _first_big_integer(text):
     return 0, "?"
 
 
-def load(path):
+def load(path, verify_checksums=True):
     """Reads a `.tcg` file written by torchcap::save into a torch.fx.GraphModule.
 
     Parameters become nn.Parameters (requires_grad=False), buffers and
@@ -1040,6 +1082,10 @@ def load(path):
     file's bytes. forward() takes and returns the nested structures the
     program was captured with. Raises ValueError naming the first problem in
     a damaged file, and OSError if the file cannot be opened.
+
+    verify_checksums: check the CRC-32s of a version 1.1 file (header, JSON,
+    each tensor's bytes), which reads the whole file once; off, damage to
+    tensor bytes goes unnoticed.
     """
     path = os.fspath(path)
     st = os.stat(path)
@@ -1051,6 +1097,6 @@ def load(path):
         else:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     try:
-        return _Reader(path, buf).read()
+        return _Reader(path, buf, verify_checksums).read()
     except RecursionError:
         raise ValueError(f"{path}: the JSON nests too deeply") from None

@@ -1,5 +1,8 @@
 #include "serialize/format.h"
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -70,6 +73,25 @@ constexpr uint64_t kCanonicalNan = 0x7ff8000000000000ULL;
 
 }  // namespace
 
+uint32_t crc32(const void* data, uint64_t size, uint32_t crc) {
+  const auto* p = static_cast<const Bytef*>(data);
+  // crc32_z takes a size_t; chunks keep it exact wherever size_t is narrower.
+  constexpr uint64_t kChunk = uint64_t{1} << 30;
+  while (size > 0) {
+    uint64_t n = std::min(size, kChunk);
+    crc = static_cast<uint32_t>(::crc32_z(crc, p, static_cast<z_size_t>(n)));
+    p += n;
+    size -= n;
+  }
+  return crc;
+}
+
+uint32_t header_crc(const unsigned char* header, uint64_t header_size) {
+  uint32_t crc = crc32(header, field::kHeaderCrc);
+  const uint64_t after = field::kHeaderCrc + 4;
+  return header_size > after ? crc32(header + after, header_size - after, crc) : crc;
+}
+
 void encode_header(const Header& h, char* out) {
   std::memcpy(out + field::kMagic, kMagic, sizeof(kMagic));
   put(out, field::kMajor, h.major, 2);
@@ -82,9 +104,14 @@ void encode_header(const Header& h, char* out) {
   put(out, field::kDataSize, h.data_size, 8);
   put(out, field::kAlignment, h.alignment, 4);
   put(out, field::kFlags, h.flags, 4);
+  if (h.header_size >= kHeaderSize) {
+    put(out, field::kJsonCrc, h.json_crc, 4);
+    put(out, field::kHeaderCrc,
+        header_crc(reinterpret_cast<const unsigned char*>(out), h.header_size), 4);
+  }
 }
 
-Header decode_header(const unsigned char* in) {
+Header decode_header(const unsigned char* in, uint64_t available) {
   Header h;
   h.major = static_cast<uint16_t>(get(in, field::kMajor, 2));
   h.minor = static_cast<uint16_t>(get(in, field::kMinor, 2));
@@ -96,6 +123,10 @@ Header decode_header(const unsigned char* in) {
   h.data_size = get(in, field::kDataSize, 8);
   h.alignment = static_cast<uint32_t>(get(in, field::kAlignment, 4));
   h.flags = static_cast<uint32_t>(get(in, field::kFlags, 4));
+  if (available >= kHeaderSize) {
+    h.json_crc = static_cast<uint32_t>(get(in, field::kJsonCrc, 4));
+    h.header_crc = static_cast<uint32_t>(get(in, field::kHeaderCrc, 4));
+  }
   return h;
 }
 

@@ -19,7 +19,10 @@ namespace torchcap::format {
 // LF (catch newline translation and `type` on DOS). The letters say what it is.
 inline constexpr char kMagic[8] = {'\x89', 'T', 'C', 'G', '\r', '\n', '\x1a', '\n'};
 
-inline constexpr uint64_t kHeaderSize = 64;
+// The header of version 1.0: the fields every version has.
+inline constexpr uint64_t kBaseHeaderSize = 64;
+// Version 1.1 adds two checksums after them; this build writes that header.
+inline constexpr uint64_t kHeaderSize = 72;
 // Every tensor starts at a multiple of this, counted from the start of the
 // file (so also from the start of a page-aligned mapping): enough for any
 // vector instruction LibTorch's kernels use.
@@ -38,11 +41,14 @@ inline constexpr size_t kMaxTensorDims = 64;
 // The fixed header, all integers little-endian:
 //   0  magic[8]
 //   8  u16 major version      10  u16 minor version
-//  12  u32 header size (64)
+//  12  u32 header size (72; 64 in 1.0)
 //  16  u64 file size
 //  24  u64 JSON offset        32  u64 JSON size
 //  40  u64 data offset        48  u64 data size
 //  56  u32 alignment (64)     60  u32 flags (0)
+// from version 1.1:
+//  64  u32 CRC-32 of the JSON section
+//  68  u32 CRC-32 of the header without these 4 bytes
 struct Header {
   uint16_t major = kFormatMajorVersion;
   uint16_t minor = kFormatMinorVersion;
@@ -54,18 +60,38 @@ struct Header {
   uint64_t data_size = 0;
   uint32_t alignment = kAlignment;
   uint32_t flags = 0;
+  uint32_t json_crc = 0;
+  uint32_t header_crc = 0;
 };
 
 namespace field {
 inline constexpr uint64_t kMagic = 0, kMajor = 8, kMinor = 10, kHeaderSize = 12, kFileSize = 16,
                           kJsonOffset = 24, kJsonSize = 32, kDataOffset = 40, kDataSize = 48,
-                          kAlignment = 56, kFlags = 60;
+                          kAlignment = 56, kFlags = 60, kJsonCrc = 64, kHeaderCrc = 68;
 }
 
-// `out` receives kHeaderSize bytes.
+// Files of version 1.1 and later carry checksums: the header's, the JSON
+// section's, and one per tensor in the tensor table.
+inline bool has_checksums(uint16_t minor) { return minor >= 1; }
+// The header size version 1.`minor` defines.
+inline uint64_t header_size_of(uint16_t minor) {
+  return has_checksums(minor) ? kHeaderSize : kBaseHeaderSize;
+}
+
+// CRC-32 (ISO-HDLC, as zlib and Python's zlib.crc32 compute it) of `size`
+// bytes, continuing from `crc` (0 to start).
+uint32_t crc32(const void* data, uint64_t size, uint32_t crc = 0);
+// The header's checksum: the CRC-32 of its `header_size` bytes without the
+// four that hold it, [kHeaderCrc, kHeaderCrc + 4). `header` must hold them.
+uint32_t header_crc(const unsigned char* header, uint64_t header_size);
+
+// `out` receives h.header_size bytes (kBaseHeaderSize or kHeaderSize); from
+// version 1.1 with the header checksum computed and h.header_crc ignored.
 void encode_header(const Header& h, char* out);
-// Reads the fields of the first kHeaderSize bytes of `in`; checks nothing.
-Header decode_header(const unsigned char* in);
+// Reads the fields of the first `available` bytes of `in` (at least
+// kBaseHeaderSize); the checksums only if the header reaches them. Checks
+// nothing.
+Header decode_header(const unsigned char* in, uint64_t available);
 
 inline uint64_t align_up(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 

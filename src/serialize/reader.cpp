@@ -148,8 +148,8 @@ const char* json_type(const Json& v) {
 
 class Reader {
  public:
-  Reader(std::string source, std::shared_ptr<Bytes> bytes)
-      : source_(std::move(source)), bytes_(std::move(bytes)) {}
+  Reader(std::string source, std::shared_ptr<Bytes> bytes, const LoadOptions& options)
+      : source_(std::move(source)), bytes_(std::move(bytes)), options_(options) {}
 
   GraphModule read() {
     read_header();
@@ -199,25 +199,47 @@ class Reader {
         std::memcmp(b, format::kMagic, sizeof format::kMagic) != 0) {
       fail_at(0, "not a torchcap graph file (the first 8 bytes are not the .tcg magic)");
     }
-    if (size < format::kHeaderSize) {
+    if (size < format::kBaseHeaderSize) {
       fail_at(size, "the file ends after " + std::to_string(size) + " bytes, inside the " +
-                        std::to_string(format::kHeaderSize) + "-byte header");
+                        std::to_string(format::kBaseHeaderSize) + "-byte header");
     }
-    h_ = format::decode_header(b);
+    h_ = format::decode_header(b, size);
+    const std::string version = std::to_string(h_.major) + "." + std::to_string(h_.minor);
     if (h_.major != kFormatMajorVersion) {
-      fail_at(format::field::kMajor,
-              "format version " + std::to_string(h_.major) + "." + std::to_string(h_.minor) +
-                  " is not supported; this torchcap reads version " +
-                  std::to_string(kFormatMajorVersion) + ".x");
+      fail_at(format::field::kMajor, "format version " + version +
+                                         " is not supported; this torchcap reads version " +
+                                         std::to_string(kFormatMajorVersion) + ".x");
     }
     // A newer minor version may add keys and flags this reader does not know;
     // it skips them. Files of its own version must contain nothing unknown.
     strict_ = h_.minor <= kFormatMinorVersion;
-    if (h_.header_size < format::kHeaderSize || h_.header_size > size) {
+    checksums_ = format::has_checksums(h_.minor);
+    const uint64_t header_size = format::header_size_of(h_.minor);
+    if (size < header_size) {
+      fail_at(size, "the file ends after " + std::to_string(size) + " bytes, inside the " +
+                        std::to_string(header_size) + "-byte header of version " + version);
+    }
+    // A version this reader knows has exactly the header it defines; a newer
+    // one may have a larger header, whose extra fields are skipped.
+    if (strict_ && h_.header_size != header_size) {
+      fail_at(format::field::kHeaderSize,
+              "header size " + std::to_string(h_.header_size) + " is not " +
+                  std::to_string(header_size) + ", the header size of version " + version);
+    }
+    if (h_.header_size < header_size || h_.header_size > size) {
       fail_at(format::field::kHeaderSize,
               "header size " + std::to_string(h_.header_size) + " is not between " +
-                  std::to_string(format::kHeaderSize) + " and the file size " +
-                  std::to_string(size));
+                  std::to_string(header_size) + " and the file size " + std::to_string(size));
+    }
+    // Before any other field is believed: a damaged header is reported as
+    // such, not as whichever of its fields the damage hit.
+    if (checksums_ && options_.verify_checksums) {
+      uint32_t crc = format::header_crc(b, h_.header_size);
+      if (crc != h_.header_crc) {
+        fail_at(format::field::kHeaderCrc,
+                "the header is damaged: its CRC-32 is 0x" + hex32(crc) + ", the header records 0x" +
+                    hex32(h_.header_crc));
+      }
     }
     if (h_.file_size != size) {
       fail_at(format::field::kFileSize,
@@ -274,10 +296,24 @@ class Reader {
     return buf;
   }
 
+  // A checksum as it is usually written: eight hex digits.
+  static std::string hex32(uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%08x", v);
+    return buf;
+  }
+
   // --- JSON ------------------------------------------------------------------
 
   void parse_json() {
     const char* text = reinterpret_cast<const char*>(bytes_->data() + h_.json_offset);
+    if (checksums_ && options_.verify_checksums) {
+      uint32_t crc = format::crc32(text, h_.json_size);
+      if (crc != h_.json_crc) {
+        fail_at(h_.json_offset, "the JSON section is damaged: its CRC-32 is 0x" + hex32(crc) +
+                                    ", the header records 0x" + hex32(h_.json_crc));
+      }
+    }
     scan_ = format::scan_json(text, h_.json_size, format::kMaxJsonDepth);
     if (scan_.nul) {
       fail_at(h_.json_offset + scan_.nul_at, "the JSON section contains a NUL byte");
@@ -433,7 +469,12 @@ class Reader {
     for (size_t i = 0; i < table.size(); ++i) {
       Where e{element_offset("tensors", i), "tensors[" + std::to_string(i) + "]"};
       const Json& t = object(table[i], e, Path{});
-      check_keys(t, {"name", "dtype", "sizes", "strides", "offset", "length"}, e, Path{});
+      if (checksums_) {
+        check_keys(t, {"name", "dtype", "sizes", "strides", "offset", "length", "crc32"}, e,
+                   Path{});
+      } else {
+        check_keys(t, {"name", "dtype", "sizes", "strides", "offset", "length"}, e, Path{});
+      }
       Path root;
       const std::string& name = string(member(t, "name", e, root), e, root.at("name"));
       if (name.empty()) fail(e, root.at("name"), "the name is empty");
@@ -456,6 +497,14 @@ class Reader {
           non_negative(member(t, "offset", e, root), e, root.at("offset")));
       uint64_t length = static_cast<uint64_t>(
           non_negative(member(t, "length", e, root), e, root.at("length")));
+      uint32_t recorded_crc = 0;
+      if (checksums_) {
+        int64_t crc = non_negative(member(t, "crc32", e, root), e, root.at("crc32"));
+        if (crc > int64_t{0xffffffff}) {
+          fail(e, root.at("crc32"), "CRC-32 " + std::to_string(crc) + " does not fit in 32 bits");
+        }
+        recorded_crc = static_cast<uint32_t>(crc);
+      }
 
       uint64_t expected = 0;
       if (!byte_span(sizes, strides, c10::elementSize(type), expected)) {
@@ -481,6 +530,14 @@ class Reader {
       if (length > 0) ranges.emplace_back(offset, length, i);
 
       unsigned char* data = bytes_->data() + h_.data_offset + offset;
+      if (checksums_ && options_.verify_checksums) {
+        uint32_t crc = format::crc32(data, length);
+        if (crc != recorded_crc) {
+          fail_at(h_.data_offset + offset,
+                  e.label + ": its bytes are damaged: their CRC-32 is 0x" + hex32(crc) +
+                      ", the tensor table records 0x" + hex32(recorded_crc));
+        }
+      }
       if (type == c10::ScalarType::Bool) check_bools(data, length, e);
       std::shared_ptr<Bytes> keep = bytes_;
       tensors_.push_back(at::from_blob(
@@ -908,7 +965,9 @@ class Reader {
   std::string source_;
   std::shared_ptr<Bytes> bytes_;
   format::Header h_;
+  LoadOptions options_;
   bool strict_ = true;
+  bool checksums_ = false;  // the file's version carries checksums
   format::JsonScan scan_;
   Json doc_;
   Where top_;
@@ -921,12 +980,13 @@ std::string errno_message() { return std::strerror(errno); }
 
 }  // namespace
 
-GraphModule load_from_buffer(const void* data, size_t size, const std::string& source) {
+GraphModule load_from_buffer(const void* data, size_t size, const std::string& source,
+                             const LoadOptions& options) {
   auto bytes = std::make_shared<AlignedCopy>(data, size);
-  return Reader(source, std::move(bytes)).read();
+  return Reader(source, std::move(bytes), options).read();
 }
 
-GraphModule load(const std::string& path) {
+GraphModule load(const std::string& path, const LoadOptions& options) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw FormatError(path + ": cannot open: " + errno_message());
@@ -948,13 +1008,15 @@ GraphModule load(const std::string& path) {
     ssize_t n = ::pread(fd, small, sizeof small, 0);
     ::close(fd);
     if (n < 0) throw FormatError(path + ": cannot read: " + errno_message());
-    return load_from_buffer(small, static_cast<size_t>(n), path);
+    return load_from_buffer(small, static_cast<size_t>(n), path, options);
   }
+  // Not MAP_POPULATE, though the checksums read every page: on a private
+  // writable mapping it write-faults each page, copying the whole file.
   void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   std::string why = errno_message();
   ::close(fd);  // the mapping keeps the file's pages reachable
   if (addr == MAP_FAILED) throw FormatError(path + ": cannot map: " + why);
-  return Reader(path, std::make_shared<MappedFile>(addr, size)).read();
+  return Reader(path, std::make_shared<MappedFile>(addr, size), options).read();
 }
 
 }  // namespace torchcap

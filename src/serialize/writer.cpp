@@ -263,6 +263,7 @@ class Writer {
     }
     header_.json_offset = format::kHeaderSize;
     header_.json_size = json_.size();
+    header_.json_crc = format::crc32(json_.data(), json_.size());
     header_.data_offset = format::align_up(header_.json_offset + header_.json_size);
     header_.data_size = data_size_;
     header_.file_size = header_.data_offset + header_.data_size;
@@ -340,7 +341,8 @@ class Writer {
                          {"sizes", t.value.sizes().vec()},
                          {"strides", t.value.strides().vec()},
                          {"offset", t.offset},
-                         {"length", t.length}});
+                         {"length", t.length},
+                         {"crc32", format::crc32(t.value.data_ptr(), t.length)}});
     }
     return out;
   }

@@ -195,6 +195,17 @@ def test_damaged_file(mlp_file, tmp_path):
     assert "damaged.tcg" in message and "byte" in message
 
 
+def test_flipped_bit_in_a_weight(mlp_file, tmp_path):
+    data = bytearray(mlp_file.read_bytes())
+    data[-5] ^= 0x04  # inside the last tensor's bytes: the file stays well formed
+    damaged = tmp_path / "flipped.tcg"
+    damaged.write_bytes(bytes(data))
+    for command in ("show", "run"):
+        message = error_of(command, damaged)
+        assert message.startswith(f"{damaged}: byte "), message
+        assert "its bytes are damaged: their CRC-32 is 0x" in message, message
+
+
 def test_not_torchscript(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a model")

@@ -9,6 +9,7 @@ import pathlib
 import struct
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -161,6 +162,7 @@ def test_exported_writes_reach_buffers_and_inputs(files):
 # --- Damaged files -------------------------------------------------------------
 
 HEADER = struct.Struct("<8sHHIQQQQQII")
+JSON_AT = 72  # where version 1.1 puts the JSON section, after a 72-byte header
 
 
 def sections(data):
@@ -171,14 +173,23 @@ def sections(data):
 
 
 def rebuild(doc, data):
+    """A version 1.1 file of `doc` and `data` with every checksum recomputed:
+    what a test changed before is then a hostile file, not a damaged one."""
+    for t in doc.get("tensors", []):
+        if isinstance(t, dict) and "crc32" in t:
+            t["crc32"] = zlib.crc32(data[t["offset"]:t["offset"] + t["length"]])
     return rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data)
 
 
-def rebuild_text(text, data):
-    data_offset = (64 + len(text) + 63) // 64 * 64
-    header = HEADER.pack(b"\x89TCG\r\n\x1a\n", 1, 0, 64, data_offset + len(data), 64, len(text),
-                         data_offset, len(data), 64, 0)
-    return header + text + b"\0" * (data_offset - 64 - len(text)) + data
+def rebuild_text(text, data, minor=1):
+    json_at = JSON_AT if minor >= 1 else 64
+    data_offset = (json_at + len(text) + 63) // 64 * 64
+    header = HEADER.pack(b"\x89TCG\r\n\x1a\n", 1, minor, json_at, data_offset + len(data),
+                         json_at, len(text), data_offset, len(data), 64, 0)
+    if minor >= 1:
+        header += struct.pack("<I", zlib.crc32(text))
+        header += struct.pack("<I", zlib.crc32(header))  # of the 68 bytes before it
+    return header + text + b"\0" * (data_offset - json_at - len(text)) + data
 
 
 def error(tmp_path, data):
@@ -198,7 +209,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     assert error(tmp_path, good[:20]) == (
         "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header")
     assert error(tmp_path, good[:8] + b"\x02" + good[9:]) == (
-        "f.tcg: byte 8: format version 2.0 is not supported; this torchcap reads version 1.x")
+        "f.tcg: byte 8: format version 2.1 is not supported; this torchcap reads version 1.x")
     assert error(tmp_path, good[:-1]) == (
         f"f.tcg: byte 16: the header gives the file size as {len(good)} bytes but the file "
         f"has {len(good) - 1} (truncated)")
@@ -208,7 +219,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
 
     doc["nodes"][3]["target"] = "aten::frobnicate"
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"add"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): call_function: no operator "
         "aten::frobnicate is registered")
@@ -216,7 +227,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["tensors"][0]["sizes"] = [2, 4]
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"w","dtype"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"w","dtype"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: tensor 'w' (tensors[0]): length: byte length 24 does not "
         "match dtype float32, sizes [2, 4] and strides [3, 1], which span 28 bytes")
@@ -231,15 +242,15 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][3]["args"][0] = {"node": "where"}
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"add"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): args[0].node: %where is not a node "
         "defined before this one")
 
     doc, data = sections(good)
-    bad = rebuild(doc, data)
-    bad = bad[:64] + bad[64:].replace(b'"nodes":[', b'"nodes":{', 1)
-    first_node = 64 + bad[64:].index(b'{"name":"x"')
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    bad = rebuild_text(text.replace(b'"nodes":[', b'"nodes":{', 1), data)
+    first_node = JSON_AT + bad[JSON_AT:].index(b'{"name":"x"')
     assert error(tmp_path, bad).startswith(
         f"f.tcg: byte {first_node}: the JSON section is not valid JSON: ")
 
@@ -248,13 +259,13 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     text = json.dumps(doc, separators=(",", ":")).encode()
     bad = rebuild_text(text.replace(b'"alpha",0.5', b'"alpha",1e999'), data)
     assert error(tmp_path, bad) == (
-        "f.tcg: byte 64: the JSON section is not valid JSON: number overflow parsing '1e999'")
+        "f.tcg: byte 72: the JSON section is not valid JSON: number overflow parsing '1e999'")
 
     # Integers beyond int64 (the C++ parser would read them as other kinds).
     for literal in (b"9223372036854775808", b"-9223372036854775809", b"100000000000000000000"):
         bad = rebuild_text(text.replace(b'{"node":"add"},2]', b'{"node":"add"},' + literal + b"]"),
                            data)
-        at = 64 + bad[64:].index(b'{"node":"add"},' + literal) + len(b'{"node":"add"},')
+        at = JSON_AT + bad[JSON_AT:].index(b'{"node":"add"},' + literal) + len(b'{"node":"add"},')
         assert error(tmp_path, bad) == (
             f"f.tcg: byte {at}: integer {literal.decode()} does not fit in 64 signed bits")
 
@@ -262,13 +273,13 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     # the NUL and ignored the rest): both loaders refuse it.
     bad = rebuild_text(text + b"\0\0\x80?garbage", data)
     assert error(tmp_path, bad) == (
-        f"f.tcg: byte {64 + len(text)}: the JSON section contains a NUL byte")
+        f"f.tcg: byte {JSON_AT + len(text)}: the JSON section contains a NUL byte")
 
     # A stack frame's line beyond what C++ holds (found by compare_loaders.py).
     doc, data = sections(good)
     doc["nodes"][3]["meta"] = {"stack_trace": [{"file": "a.cpp", "line": 2**31, "function": "f"}]}
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"add"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0].line: line number "
         "too large")
@@ -277,7 +288,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][7]["target"] = "out"
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"output"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"output"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %output (nodes[7]): target: the output's target is "
         "'output'")
@@ -286,7 +297,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][3]["kwargs"] = [["alpha=1, other", 2]]
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"add"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): aten::add.Tensor has no argument named "
         "'alpha=1, other'")
@@ -295,7 +306,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = 'w")'
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"w\\")"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"w\\")"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: attribute 'w\")' (attributes[0]): name: Python code cannot "
         "name it (a part is not made of letters, digits and underscores)")
@@ -304,7 +315,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = "cuda"
     bad = rebuild(doc, data)
-    offset = 64 + bad[64:].index(b'{"name":"cuda","kind"')
+    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"cuda","kind"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: attribute 'cuda' (attributes[0]): 'cuda' is already taken by "
         "torch.nn.Module; Python cannot hold this attribute")
@@ -313,3 +324,59 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     directory.mkdir()
     with pytest.raises(ValueError, match="not a regular file"):
         torchcap.load(directory)
+
+
+def test_damage_the_structure_cannot_show_is_caught_by_checksums(files, tmp_path):
+    good = (files / "small.tcg").read_bytes()
+    doc, data = sections(good)
+    header_crc, = struct.unpack_from("<I", good, 68)
+    json_crc, = struct.unpack_from("<I", good, 64)
+
+    # A flipped bit in the header's flags.
+    bad = bytearray(good)
+    bad[60] ^= 1
+    assert error(tmp_path, bytes(bad)) == (
+        f"f.tcg: byte 68: the header is damaged: its CRC-32 is 0x{zlib.crc32(bad[:68]):08x}, "
+        f"the header records 0x{header_crc:08x}")
+
+    # The add's alpha 0.5 becomes 0.7: still valid JSON and a valid graph.
+    at = good.index(b'["alpha",0.5]') + 11
+    bad = good[:at] + b"7" + good[at + 1:]
+    text = bad[JSON_AT:JSON_AT + len(good) - len(data) - JSON_AT].split(b"\0")[0]
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte 72: the JSON section is damaged: its CRC-32 is 0x{zlib.crc32(text):08x}, "
+        f"the header records 0x{json_crc:08x}")
+
+    # A flipped bit in w's bytes; with the checksums off it loads, damage and all.
+    data_at = HEADER.unpack_from(good, 0)[7]
+    w = doc["tensors"][0]
+    start = data_at + w["offset"]
+    bad = bytearray(good)
+    bad[start + 5] ^= 0x10
+    assert error(tmp_path, bytes(bad)) == (
+        f"f.tcg: byte {start}: tensor 'w' (tensors[0]): its bytes are damaged: their CRC-32 is "
+        f"0x{zlib.crc32(bad[start:start + w['length']]):08x}, the tensor table records "
+        f"0x{w['crc32']:08x}")
+    path = tmp_path / "damaged.tcg"
+    path.write_bytes(bytes(bad))
+    gm = torchcap.load(path, verify_checksums=False)
+    assert gm.w[0, 1].item() != 1.0
+
+
+def test_version_10_files_still_load(files, tmp_path):
+    good = (files / "small.tcg").read_bytes()
+    doc, data = sections(good)
+    for t in doc["tensors"]:
+        del t["crc32"]
+    path = tmp_path / "v10.tcg"
+    path.write_bytes(rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=0))
+    old, new = torchcap.load(path), torchcap.load(files / "small.tcg")
+    assert old.code == new.code
+    for name, value in new.state_dict().items():
+        assert torch.equal(old.state_dict()[name], value), name
+
+    # A 1.0 file has no checksums to hold.
+    doc["tensors"][0]["crc32"] = 0
+    bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=0)
+    offset = 64 + bad[64:].index(b'{"name":"w","dtype"')
+    assert error(tmp_path, bad) == f"f.tcg: byte {offset}: tensors[0]: unknown key 'crc32'"
