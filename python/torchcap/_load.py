@@ -46,6 +46,24 @@ _MAX_DIMS = 64
 _MAX_JSON_SIZE = 1 << 30
 _INT64_MAX = (1 << 63) - 1
 _WORD = re.compile(r"\w+")
+_NODE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names a node cannot take because generated code would break: keywords,
+# builtins, and names the code uses. The same list as the C++ graph's
+# (src/graph/graph.cpp, reserved_names), so both loaders refuse the same files.
+_RESERVED_NODE_NAMES = frozenset((
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
+    "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
+    "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise",
+    "return", "try", "while", "with", "yield",
+    "abs", "all", "any", "ascii", "bin", "bool", "breakpoint", "bytearray", "bytes",
+    "callable", "chr", "classmethod", "compile", "complex", "delattr", "dict", "dir",
+    "divmod", "enumerate", "eval", "exec", "exit", "filter", "float", "format",
+    "frozenset", "getattr", "globals", "hasattr", "hash", "help", "hex", "id", "input",
+    "int", "isinstance", "issubclass", "iter", "len", "list", "locals", "map", "max",
+    "memoryview", "min", "next", "object", "oct", "open", "ord", "pow", "print",
+    "property", "quit", "range", "repr", "reversed", "round", "set", "setattr", "slice",
+    "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
+    "self", "torch", "operator", "device", "inf", "nan", "math"))
 
 # Dtypes whose tensors the data section holds, and the others an argument or
 # a value's metadata may name.
@@ -737,7 +755,8 @@ class _Reader:
                                                 f"{label}kwargs[{k}][1]: ")
             if output is not None:
                 self.fail(t.offset, label + "the node comes after the output node")
-            if name in env:
+            if (name in env or not _NODE_NAME.fullmatch(name)
+                    or name in _RESERVED_NODE_NAMES):
                 self.fail(t.offset, f"{label}name: duplicate or invalid node name '{name}'")
             if op in ("placeholder", "get_attr") and (args or kwargs):
                 self.fail(t.offset, f"{label}{'a placeholder' if op == 'placeholder' else op} "

@@ -284,6 +284,17 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
         f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0].line: line number "
         "too large")
 
+    # Node names the C++ graph refuses (found by compare_loaders.py: torch.fx
+    # would have renamed them silently).
+    for bad_name in ("outp=t", "self", "lambda", "9a"):
+        doc, data = sections(good)
+        doc["nodes"][7]["name"] = bad_name
+        bad = rebuild(doc, data)
+        offset = JSON_AT + bad[JSON_AT:].index(b'{"name":' + json.dumps(bad_name).encode())
+        assert error(tmp_path, bad) == (
+            f"f.tcg: byte {offset}: node %{bad_name} (nodes[7]): name: duplicate or invalid "
+            f"node name '{bad_name}'")
+
     # The output node's target is "output".
     doc, data = sections(good)
     doc["nodes"][7]["target"] = "out"
