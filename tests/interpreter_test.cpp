@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/library.h>
 
 #include <thread>
 
@@ -202,6 +203,62 @@ TEST(Memory, UnusedOutputsAreDroppedAtOnce) {
   RunStats stats;
   Interpreter(gm).run({at::randn({5})}, &stats);
   EXPECT_LE(stats.peak_live_values, 2u);
+}
+
+// Note [Run frames] (interpreter.cpp): each thread reuses one frame; these
+// show it holds nothing between runs and is not shared by nested runs.
+
+TEST(Memory, ARunHoldsNoTensorAfterItEnds) {
+  GraphModule gm = trace([](IValues in) {
+    return c10::IValue(at::sin(in[0].toTensor()) * 2);
+  }, {at::randn({3})});
+  Interpreter interp(gm);
+  at::Tensor out = interp.run({at::randn({3})}).toTensor();
+  EXPECT_EQ(out.use_count(), 1);
+}
+
+TEST(Memory, AFailedRunHoldsNoTensorAfterItEnds) {
+  // %detach shares x's storage; mm then fails with it still live.
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* d = g.call_function("aten::detach", {x});
+  g.output({g.call_function("aten::mm", {d, d})});
+  gm.set_flat_specs();
+  Interpreter interp(gm);
+  at::Tensor input = at::randn({2, 3});
+  const size_t before = input.storage().use_count();
+  EXPECT_THROW(interp.run_flat({input}), RuntimeError);
+  EXPECT_EQ(input.storage().use_count(), before);
+  // The thread's frame works for the next run.
+  at::Tensor square = at::randn({3, 3});
+  EXPECT_TRUE(at::allclose(interp.run_flat({square})[0], at::mm(square, square)));
+}
+
+// An operator whose kernel runs another graph: a run inside a run.
+Interpreter* inner_graph = nullptr;
+at::Tensor run_inner_graph(const at::Tensor& x) { return inner_graph->run({x}).toTensor(); }
+TORCH_LIBRARY(torchcap_interpreter_test, m) {
+  m.def("run_inner_graph(Tensor x) -> Tensor", &run_inner_graph);
+}
+
+TEST(Nesting, AGraphRunFromInsideAnotherRunKeepsBothFrames) {
+  Interpreter inner(trace([](IValues in) {
+    return c10::IValue(at::relu(in[0].toTensor()) * 2);
+  }, {at::randn({4})}));
+  inner_graph = &inner;
+  GraphModule outer;
+  Graph& g = outer.graph();
+  Node* x = g.placeholder("x");
+  Node* a = g.call_function("aten::sin", {x});
+  Node* b = g.call_function("torchcap_interpreter_test::run_inner_graph", {a});
+  g.output({g.call_function("aten::add.Tensor", {a, b})});  // %a is read after the inner run
+  outer.set_flat_specs();
+  Interpreter interp(outer);
+  at::Tensor input = at::randn({4});
+  at::Tensor expected = at::sin(input) + at::relu(at::sin(input)) * 2;
+  EXPECT_TRUE(at::allclose(interp.run_flat({input})[0], expected));
+  inner_graph = nullptr;
 }
 
 }  // namespace

@@ -56,6 +56,45 @@ struct InputCheck {
   TensorMeta meta;
 };
 
+// Note [Run frames]
+// A run's state is its value table and its operator stack. They belong to
+// the call (one GraphModule runs on several threads at once), but allocating
+// them on every run would be bookkeeping on the hot path. Each thread keeps
+// one frame and reuses its capacity from run to run, whatever the graph; a
+// run that starts while the thread's frame is taken (an operator that runs
+// another graph) gets a fresh one. A frame is emptied when its run ends,
+// normally or by an exception, so it holds no tensor between runs.
+struct Frame {
+  std::vector<c10::IValue> values;
+  std::vector<c10::IValue> stack;
+  bool busy = false;
+};
+
+class FrameLease {
+ public:
+  FrameLease(size_t num_values, size_t stack_size) {
+    static thread_local Frame cached;
+    frame_ = cached.busy ? &own_ : &cached;
+    frame_->busy = true;
+    frame_->values.resize(num_values);
+    frame_->stack.reserve(stack_size);
+  }
+  ~FrameLease() {
+    frame_->values.clear();
+    frame_->stack.clear();
+    frame_->busy = false;
+  }
+  FrameLease(const FrameLease&) = delete;
+  FrameLease& operator=(const FrameLease&) = delete;
+
+  std::vector<c10::IValue>& values() { return frame_->values; }
+  std::vector<c10::IValue>& stack() { return frame_->stack; }
+
+ private:
+  Frame own_;
+  Frame* frame_;
+};
+
 }  // namespace
 
 struct detail::InterpreterPlan {
@@ -350,9 +389,9 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
   // NoGradGuard, and are ordinary (not inference) tensors.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
 
-  std::vector<c10::IValue> values(plan.num_values);
-  std::vector<c10::IValue> stack;
-  stack.reserve(plan.max_args + 4);
+  FrameLease frame(plan.num_values, plan.max_args + 4);  // Note [Run frames]
+  std::vector<c10::IValue>& values = frame.values();
+  std::vector<c10::IValue>& stack = frame.stack();
   size_t live = 0, peak = 0;
 
   auto fetch = [&](const Slot& s, auto&& self) -> c10::IValue {
