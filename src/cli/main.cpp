@@ -8,6 +8,7 @@
 #include <torchcap/error.h>
 #include <torchcap/export.h>
 #include <torchcap/interpreter.h>
+#include <torchcap/passes.h>
 #include <torchcap/printer.h>
 #include <torchcap/serialize.h>
 #include <torchcap/summary.h>
@@ -152,7 +153,8 @@ std::vector<c10::IValue> clone_all(const std::vector<c10::IValue>& in) {
 
 int cmd_trace(const std::string& model, const std::string& example,
               const std::vector<std::string>& input_specs, bool inference,
-              const std::string& preserve, bool do_export, const std::string& output, bool as_json) {
+              const std::string& preserve, bool do_export, bool keep_dead, const std::string& output,
+              bool as_json) {
   if (model.empty() == example.empty()) {
     throw Error("trace takes a TorchScript file or --example NAME (one of them)");
   }
@@ -187,6 +189,10 @@ int cmd_trace(const std::string& model, const std::string& example,
     gm = examples::trace(*p.example, options, trace_inputs);
   }
   double trace_ms = ms_since(t0);
+  // What the program computed and never used (the empty tensors a BatchNorm
+  // decomposition makes for statistics eval mode does not keep, say) goes, as
+  // in export; --keep-dead shows the trace as recorded.
+  if (!keep_dead) eliminate_dead_code(gm.graph());
   gm.lint();
 
   progress.step("checking the graph against the model");
@@ -384,7 +390,7 @@ int main_impl(int argc, char** argv) {
 
   std::string model, example, output, preserve, svg, file;
   std::vector<std::string> inputs;
-  bool inference = false, do_export = false, as_json = false;
+  bool inference = false, do_export = false, keep_dead = false, as_json = false;
   bool show_graph = false, show_code = false, show_dot = false, show_summary = false;
   uint64_t seed = 0;
 
@@ -395,6 +401,7 @@ int main_impl(int argc, char** argv) {
   trace_cmd->add_flag("--inference", inference, "trace under inference mode (keeps --preserve ops whole)");
   trace_cmd->add_option("--preserve", preserve, "operators kept whole, e.g. aten::linear,aten::layer_norm");
   trace_cmd->add_flag("--export", do_export, "functionalize: no mutation, no views; writes become outputs");
+  trace_cmd->add_flag("--keep-dead", keep_dead, "keep what the program computed and never used (removed by default)");
   trace_cmd->add_option("-o,--output", output, "save the graph to this .tcg file");
   trace_cmd->add_flag("--json", as_json, "print one JSON object");
   trace_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
@@ -429,7 +436,7 @@ int main_impl(int argc, char** argv) {
   }
   at::manual_seed(seed);
   if (trace_cmd->parsed()) {
-    return cmd_trace(model, example, inputs, inference, preserve, do_export, output, as_json);
+    return cmd_trace(model, example, inputs, inference, preserve, do_export, keep_dead, output, as_json);
   }
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, output, as_json);

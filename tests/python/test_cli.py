@@ -72,6 +72,16 @@ def test_trace_json_schema():
     assert j["max_abs_diff"] <= 1e-5
 
 
+def test_trace_removes_dead_code_unless_asked_to_keep_it():
+    # Eval-mode BatchNorm's decomposition makes empty statistics nothing reads.
+    trimmed = json.loads(run("trace", "--example", "cnn_bn_eval", "--json").stdout)
+    kept = json.loads(run("trace", "--example", "cnn_bn_eval", "--keep-dead", "--json").stdout)
+    assert "aten::empty.memory_format" not in trimmed["ops"]
+    assert kept["ops"]["aten::empty.memory_format"] == 2
+    assert kept["call_function"] == trimmed["call_function"] + 2
+    assert trimmed["max_abs_diff"] <= 1e-5 and kept["max_abs_diff"] <= 1e-5
+
+
 def test_trace_export_is_functional(tmp_path):
     j = json.loads(run("trace", "--example", "cnn_bn_train", "--export", "--json",
                        "-o", tmp_path / "e.tcg").stdout)
