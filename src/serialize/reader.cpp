@@ -214,6 +214,7 @@ class Reader {
     // it skips them. Files of its own version must contain nothing unknown.
     strict_ = h_.minor <= kFormatMinorVersion;
     checksums_ = format::has_checksums(h_.minor);
+    verify_checksums_ = checksums_ && options_.verify_checksums;
     const uint64_t header_size = format::header_size_of(h_.minor);
     if (size < header_size) {
       fail_at(size, "the file ends after " + std::to_string(size) + " bytes, inside the " +
@@ -233,12 +234,12 @@ class Reader {
     }
     // Before any other field is believed: a damaged header is reported as
     // such, not as whichever of its fields the damage hit.
-    if (checksums_ && options_.verify_checksums) {
+    if (verify_checksums_) {
       uint32_t crc = format::header_crc(b, h_.header_size);
       if (crc != h_.header_crc) {
         fail_at(format::field::kHeaderCrc,
-                "the header is damaged: its CRC-32 is 0x" + hex32(crc) + ", the header records 0x" +
-                    hex32(h_.header_crc));
+                "the header is damaged: its CRC-32 is 0x" + hex_str(crc, 8) +
+                    ", the header records 0x" + hex_str(h_.header_crc, 8));
       }
     }
     if (h_.file_size != size) {
@@ -290,16 +291,11 @@ class Reader {
     }
   }
 
-  static std::string hex_str(uint32_t v) {
+  // Hex digits of `v`, at least `width` of them (8 for a checksum, as
+  // checksums are usually written).
+  static std::string hex_str(uint32_t v, int width = 0) {
     char buf[16];
-    std::snprintf(buf, sizeof buf, "%x", v);
-    return buf;
-  }
-
-  // A checksum as it is usually written: eight hex digits.
-  static std::string hex32(uint32_t v) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%08x", v);
+    std::snprintf(buf, sizeof buf, "%0*x", width, v);
     return buf;
   }
 
@@ -307,11 +303,11 @@ class Reader {
 
   void parse_json() {
     const char* text = reinterpret_cast<const char*>(bytes_->data() + h_.json_offset);
-    if (checksums_ && options_.verify_checksums) {
+    if (verify_checksums_) {
       uint32_t crc = format::crc32(text, h_.json_size);
       if (crc != h_.json_crc) {
-        fail_at(h_.json_offset, "the JSON section is damaged: its CRC-32 is 0x" + hex32(crc) +
-                                    ", the header records 0x" + hex32(h_.json_crc));
+        fail_at(h_.json_offset, "the JSON section is damaged: its CRC-32 is 0x" + hex_str(crc, 8) +
+                                    ", the header records 0x" + hex_str(h_.json_crc, 8));
       }
     }
     scan_ = format::scan_json(text, h_.json_size, format::kMaxJsonDepth);
@@ -530,12 +526,12 @@ class Reader {
       if (length > 0) ranges.emplace_back(offset, length, i);
 
       unsigned char* data = bytes_->data() + h_.data_offset + offset;
-      if (checksums_ && options_.verify_checksums) {
+      if (verify_checksums_) {
         uint32_t crc = format::crc32(data, length);
         if (crc != recorded_crc) {
           fail_at(h_.data_offset + offset,
-                  e.label + ": its bytes are damaged: their CRC-32 is 0x" + hex32(crc) +
-                      ", the tensor table records 0x" + hex32(recorded_crc));
+                  e.label + ": its bytes are damaged: their CRC-32 is 0x" + hex_str(crc, 8) +
+                      ", the tensor table records 0x" + hex_str(recorded_crc, 8));
         }
       }
       if (type == c10::ScalarType::Bool) check_bools(data, length, e);
@@ -967,7 +963,8 @@ class Reader {
   format::Header h_;
   LoadOptions options_;
   bool strict_ = true;
-  bool checksums_ = false;  // the file's version carries checksums
+  bool checksums_ = false;         // the file's version carries checksums
+  bool verify_checksums_ = false;  // ... and the caller wants them checked
   format::JsonScan scan_;
   Json doc_;
   Where top_;

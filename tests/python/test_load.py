@@ -192,6 +192,11 @@ def rebuild_text(text, data, minor=1):
     return header + text + b"\0" * (data_offset - json_at - len(text)) + data
 
 
+def in_json(data, needle):
+    """The byte where `needle` first occurs in a version 1.1 file's JSON."""
+    return JSON_AT + data[JSON_AT:].index(needle)
+
+
 def error(tmp_path, data):
     path = tmp_path / "f.tcg"
     path.write_bytes(data)
@@ -219,7 +224,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
 
     doc["nodes"][3]["target"] = "aten::frobnicate"
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
+    offset = in_json(bad, b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): call_function: no operator "
         "aten::frobnicate is registered")
@@ -227,7 +232,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["tensors"][0]["sizes"] = [2, 4]
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"w","dtype"')
+    offset = in_json(bad, b'{"name":"w","dtype"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: tensor 'w' (tensors[0]): length: byte length 24 does not "
         "match dtype float32, sizes [2, 4] and strides [3, 1], which span 28 bytes")
@@ -242,7 +247,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][3]["args"][0] = {"node": "where"}
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
+    offset = in_json(bad, b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): args[0].node: %where is not a node "
         "defined before this one")
@@ -250,7 +255,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     text = json.dumps(doc, separators=(",", ":")).encode()
     bad = rebuild_text(text.replace(b'"nodes":[', b'"nodes":{', 1), data)
-    first_node = JSON_AT + bad[JSON_AT:].index(b'{"name":"x"')
+    first_node = in_json(bad, b'{"name":"x"')
     assert error(tmp_path, bad).startswith(
         f"f.tcg: byte {first_node}: the JSON section is not valid JSON: ")
 
@@ -265,7 +270,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     for literal in (b"9223372036854775808", b"-9223372036854775809", b"100000000000000000000"):
         bad = rebuild_text(text.replace(b'{"node":"add"},2]', b'{"node":"add"},' + literal + b"]"),
                            data)
-        at = JSON_AT + bad[JSON_AT:].index(b'{"node":"add"},' + literal) + len(b'{"node":"add"},')
+        at = in_json(bad, b'{"node":"add"},' + literal) + len(b'{"node":"add"},')
         assert error(tmp_path, bad) == (
             f"f.tcg: byte {at}: integer {literal.decode()} does not fit in 64 signed bits")
 
@@ -279,7 +284,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][3]["meta"] = {"stack_trace": [{"file": "a.cpp", "line": 2**31, "function": "f"}]}
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
+    offset = in_json(bad, b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0].line: line number "
         "too large")
@@ -290,7 +295,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
         doc, data = sections(good)
         doc["nodes"][7]["name"] = bad_name
         bad = rebuild(doc, data)
-        offset = JSON_AT + bad[JSON_AT:].index(b'{"name":' + json.dumps(bad_name).encode())
+        offset = in_json(bad, b'{"name":' + json.dumps(bad_name).encode())
         assert error(tmp_path, bad) == (
             f"f.tcg: byte {offset}: node %{bad_name} (nodes[7]): name: duplicate or invalid "
             f"node name '{bad_name}'")
@@ -299,7 +304,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][7]["target"] = "out"
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"output"')
+    offset = in_json(bad, b'{"name":"output"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %output (nodes[7]): target: the output's target is "
         "'output'")
@@ -308,7 +313,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["nodes"][3]["kwargs"] = [["alpha=1, other", 2]]
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"add"')
+    offset = in_json(bad, b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): aten::add.Tensor has no argument named "
         "'alpha=1, other'")
@@ -317,7 +322,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = 'w")'
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"w\\")"')
+    offset = in_json(bad, b'{"name":"w\\")"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: attribute 'w\")' (attributes[0]): name: Python code cannot "
         "name it (a part is not made of letters, digits and underscores)")
@@ -326,7 +331,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     doc, data = sections(good)
     doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = "cuda"
     bad = rebuild(doc, data)
-    offset = JSON_AT + bad[JSON_AT:].index(b'{"name":"cuda","kind"')
+    offset = in_json(bad, b'{"name":"cuda","kind"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: attribute 'cuda' (attributes[0]): 'cuda' is already taken by "
         "torch.nn.Module; Python cannot hold this attribute")
@@ -353,7 +358,7 @@ def test_damage_the_structure_cannot_show_is_caught_by_checksums(files, tmp_path
     # The add's alpha 0.5 becomes 0.7: still valid JSON and a valid graph.
     at = good.index(b'["alpha",0.5]') + 11
     bad = good[:at] + b"7" + good[at + 1:]
-    text = bad[JSON_AT:JSON_AT + len(good) - len(data) - JSON_AT].split(b"\0")[0]
+    text = bad[JSON_AT:JSON_AT + HEADER.unpack_from(good, 0)[6]]  # the JSON size
     assert error(tmp_path, bad) == (
         f"f.tcg: byte 72: the JSON section is damaged: its CRC-32 is 0x{zlib.crc32(text):08x}, "
         f"the header records 0x{json_crc:08x}")
