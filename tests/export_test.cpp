@@ -128,6 +128,30 @@ TEST(Export, ViewsBecomeCopies) {
   EXPECT_TRUE(is_functional(gm.graph()));
 }
 
+// A reshape that can view its argument decomposes to _reshape_alias with the
+// argument's strides. Export's re-trace computes views as *_copy operators,
+// which return contiguous tensors, where those strides read the wrong
+// elements or, for a window cut out of a larger tensor (Swin, MaxViT, MViT),
+// past the end of the storage: a crash inside LibTorch 1.13.
+// Note [Reshape aliases are recorded as views]
+TEST(Export, ReshapeOfAViewIsRecordedAsAView) {
+  auto program = [](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor permuted = x.permute({0, 2, 1, 3}).reshape({2, 2, 2, 3, 5});  // splits a strided dim
+    at::Tensor window = in[1].toTensor().slice(1, 0, 6).slice(2, 0, 6).reshape({2, 3, 2, 6, 64});
+    return c10::IValue(c10::ivalue::Tuple::create({permuted * 2, window + 1}));
+  };
+  IValues inputs = {at::randn({2, 3, 4, 5}), at::randn({2, 100, 100, 64})};
+  GraphModule traced = trace(program, inputs);
+  for (const Node* n : traced.graph()) EXPECT_NE(n->target(), "aten::_reshape_alias") << traced.str();
+
+  GraphModule gm = export_program(program, inputs);
+  EXPECT_TRUE(is_functional(gm.graph()));
+  c10::IValue expected = program(inputs);
+  EXPECT_EQ(examples::max_abs_diff(Interpreter(gm).run(inputs), expected), 0) << gm.str();
+  EXPECT_EQ(examples::max_abs_diff(Interpreter(traced).run(inputs), expected), 0);
+}
+
 TEST(Export, PreservedOperatorsStayWholeUnderInferenceMode) {
   auto program = [](IValues in) {
     return c10::IValue(at::layer_norm(at::linear(in[0].toTensor(), in[1].toTensor()), {4}));

@@ -181,6 +181,29 @@ void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
   }
 }
 
+// Note [Reshape aliases are recorded as views]
+// `reshape` of a tensor that can be viewed decomposes to
+// `_reshape_alias(self, size, stride)`, whose strides are those of *this*
+// tensor's layout. A graph may later run it on a tensor of another layout:
+// export's re-trace computes views as `*_copy` operators, which return
+// contiguous tensors, so a `_reshape_alias_copy` there reads with the old
+// strides, giving wrong values or, past the end of the storage, a crash
+// inside LibTorch 1.13 (window attention: Swin, MaxViT, MViT). The operator
+// is a view of its argument with the given size whenever the tracer sees it,
+// so it is recorded as `aten::view(self, size)`, as later PyTorch releases
+// do; the real `_reshape_alias` still runs on the real tensor.
+Node* record_node(Graph& g, const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs) {
+  static const c10::OperatorName kReshapeAlias{"aten::_reshape_alias", ""};
+  if (op.operator_name() == kReshapeAlias) {
+    static const c10::OperatorHandle view =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
+    TORCH_INTERNAL_ASSERT(args.size() >= 2 && kwargs.empty(), "_reshape_alias: unexpected arguments");
+    args.resize(2);
+    return g.call_function(view, std::move(args));
+  }
+  return g.call_function(op, std::move(args), std::move(kwargs));
+}
+
 // Note [Attributes written during a trace]
 // The tracer runs the program for real, so an operator that writes a buffer
 // (BatchNorm's running stats in train mode) changes the module's real buffer,
@@ -313,7 +336,7 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   }
 
   Graph& g = st.graph();
-  Node* node = g.call_function(op, std::move(args), std::move(kwargs));
+  Node* node = record_node(g, op, std::move(args), std::move(kwargs));
   ValueMeta& val = node->meta().val;
   if (returns.empty()) {
     val.kind = ValueKind::None;
