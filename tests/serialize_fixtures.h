@@ -257,9 +257,9 @@ inline GraphModule every_argument_module() {
   Node* none = g.call_function("aten::relu", {x});
   none->meta().val = ValueMeta{ValueKind::None, {}};
   none->meta().stack_trace = StackTrace::from_frames(
-      {SourceFrame{"src/m\xc3\xb6" "del.cpp", 42, "torchcap::Model::forward(at::Tensor)"},
-       SourceFrame{"", 0, ""},
-       SourceFrame{"main.cpp", std::numeric_limits<int>::max(), "main"}});
+      {SourceFrame{"src/m\xc3\xb6" "del.cpp", 42, "torchcap::Model::forward(at::Tensor)", {}},
+       SourceFrame{"", 0, "", {}},
+       SourceFrame{"main.cpp", std::numeric_limits<int>::max(), "main", {}}});
   results.push_back(none);
   x->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 3}));
   x->meta().val.tensors[0].strides = {1, 2};

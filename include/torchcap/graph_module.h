@@ -105,8 +105,9 @@ class GraphModule {
   GraphModule clone() const;
 
   // The graph listing (printer.h) preceded by the attributes and specs, and,
-  // when some outputs are mutations, the signature.
-  std::string str() const;
+  // when some outputs are mutations, the signature. `with_source` adds each
+  // node's module and source line (PrintOptions::source).
+  std::string str(bool with_source = false) const;
 
  private:
   std::unique_ptr<Graph> graph_;

@@ -73,9 +73,12 @@ struct SourceFrame {
   std::string file;      // source file, as recorded in the debug info
   int line = 0;          // 0 when unknown
   std::string function;  // demangled, may be empty
+  // The source line itself, stripped, when the front end knows it (Python and
+  // TorchScript programs); empty for C++ frames.
+  std::string code;
 
   friend bool operator==(const SourceFrame& a, const SourceFrame& b) {
-    return a.file == b.file && a.line == b.line && a.function == b.function;
+    return a.file == b.file && a.line == b.line && a.function == b.function && a.code == b.code;
   }
 };
 
@@ -96,7 +99,8 @@ class StackTrace {
   // The user's frames, innermost first: frames inside torchcap, LibTorch, the
   // C++ standard library and the C runtime are left out.
   const std::vector<SourceFrame>& frames() const;
-  // Python-traceback style, innermost last, one `File "f", line N, in fn` per frame.
+  // Python-traceback style, innermost last, one `  File "f", line N, in fn`
+  // per frame followed, when known, by `    code` (torch.fx's stack_trace text).
   std::string str() const;
 
  private:
@@ -104,9 +108,41 @@ class StackTrace {
   std::shared_ptr<State> state_;
 };
 
+// One module whose forward was running when a node was recorded (an entry of
+// torch.fx's `nn_module_stack`).
+struct ModuleFrame {
+  std::string path;  // qualified name in the traced model: "layer1.0.conv1"
+  std::string type;  // the module's class: "torch.nn.modules.conv.Conv2d"
+
+  friend bool operator==(const ModuleFrame& a, const ModuleFrame& b) {
+    return a.path == b.path && a.type == b.type;
+  }
+};
+
+// The modules enclosing a node, outermost first. Copies share one immutable
+// list, so consecutive nodes of one module cost a pointer each.
+class ModuleStack {
+ public:
+  ModuleStack() = default;
+  explicit ModuleStack(std::vector<ModuleFrame> frames);
+
+  bool empty() const { return frames_ == nullptr || frames_->empty(); }
+  const std::vector<ModuleFrame>& frames() const;
+  // "layer1.0.conv1 (Conv2d)": the innermost module and its class's last name
+  // component; empty when the stack is.
+  std::string innermost_str() const;
+
+  friend bool operator==(const ModuleStack& a, const ModuleStack& b) { return a.frames() == b.frames(); }
+  friend bool operator!=(const ModuleStack& a, const ModuleStack& b) { return !(a == b); }
+
+ private:
+  std::shared_ptr<const std::vector<ModuleFrame>> frames_;
+};
+
 struct NodeMeta {
   ValueMeta val;
   StackTrace stack_trace;
+  ModuleStack module_stack;
 };
 
 }  // namespace torchcap

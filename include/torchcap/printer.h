@@ -18,8 +18,19 @@ std::string format_node(const Node& n);
 // "%name" for nodes, Python literals for constants, "[...]" for lists.
 std::string format_argument(const Argument& a);
 
+struct PrintOptions {
+  // Before each operator node, a comment saying where it came from, as
+  // torch.export prints it: its innermost module and its user's source line,
+  //   # layer1.0.conv1 (Conv2d), File: resnet.py:71 in forward, code: out = self.conv1(x)
+  // (nodes without either get none). Symbolizes C++ stack traces.
+  bool source = false;
+};
+
 // The whole graph: "graph():" then one indented line per node.
-std::string format_graph(const Graph& g);
+std::string format_graph(const Graph& g, const PrintOptions& options = {});
+
+// The source comment of `n` without "# ", or "" (see PrintOptions::source).
+std::string format_source(const Node& n);
 
 // Python source of a module-level function
 //   def forward(self, ph_0, ph_1): ...

@@ -45,9 +45,16 @@ struct Module;
 namespace torchcap {
 
 struct TraceOptions {
-  // Record the user's stack trace on every node (capture is cheap; symbolizing
-  // happens only when a node's stack trace is read).
+  // Record where every node came from: the user's stack trace (capture is
+  // cheap; symbolizing happens only when a node's stack trace is read) and,
+  // for front ends that know it, the enclosing modules.
   bool record_stack_traces = true;
+  // For programs that are not C++ (a TorchScript module, a Python function):
+  // called on the tracing thread for every node recorded, in place of
+  // capturing the C++ stack, to fill the node's `stack_trace` (the program's
+  // own frames) and `module_stack`. Not called when record_stack_traces is
+  // off. trace(torch::jit::Module&, ...) sets its own.
+  std::function<void(NodeMeta&)> locate_source;
   // Run the program under c10::InferenceMode (see the note above).
   bool inference_mode = false;
   // Qualified operator names ("aten::linear") kept whole when they reach the
@@ -79,6 +86,19 @@ GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inpu
 // Traces `forward`, which calls `module`: the module's parameters and buffers
 // become get_attr nodes named by their qualified names ("layer1.0.conv1.weight").
 GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options = {},
+                  c10::IValue* outputs = nullptr);
+
+// The named tensors of a program that is neither a torch::nn nor a
+// TorchScript module (a Python module's state, say). Tied tensors are one
+// tensor under several names: the first name is used.
+struct ModuleState {
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+};
+
+// Traces `fn`; the tensors of `state` become get_attr nodes by their names.
+GraphModule trace(const ModuleState& state, const TracedFunction& fn,
                   const std::vector<c10::IValue>& inputs, const TraceOptions& options = {},
                   c10::IValue* outputs = nullptr);
 

@@ -200,7 +200,7 @@ GraphModule GraphModule::clone() const {
   return gm;
 }
 
-std::string GraphModule::str() const {
+std::string GraphModule::str(bool with_source) const {
   std::string out;
   for (const Attribute& a : attributes_) {
     out += "# " + std::string(attribute_kind_name(a.kind)) + " " + a.name + ": " +
@@ -217,7 +217,9 @@ std::string GraphModule::str() const {
              ": " + output_kind_name(s.kind) + (s.target.empty() ? "" : " -> " + s.target) + "\n";
     }
   }
-  return out + format_graph(*graph_);
+  PrintOptions print;
+  print.source = with_source;
+  return out + format_graph(*graph_, print);
 }
 
 }  // namespace torchcap

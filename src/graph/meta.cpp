@@ -99,3 +99,25 @@ std::string ValueMeta::str() const {
 }
 
 }  // namespace torchcap
+
+namespace torchcap {
+
+ModuleStack::ModuleStack(std::vector<ModuleFrame> frames)
+    : frames_(frames.empty() ? nullptr
+                             : std::make_shared<const std::vector<ModuleFrame>>(std::move(frames))) {}
+
+const std::vector<ModuleFrame>& ModuleStack::frames() const {
+  static const std::vector<ModuleFrame> kNone;
+  return frames_ ? *frames_ : kNone;
+}
+
+std::string ModuleStack::innermost_str() const {
+  if (empty()) return "";
+  const ModuleFrame& f = frames_->back();
+  size_t dot = f.type.rfind('.');
+  std::string cls = dot == std::string::npos ? f.type : f.type.substr(dot + 1);
+  std::string path = f.path.empty() ? "(root)" : f.path;
+  return cls.empty() ? path : path + " (" + cls + ")";
+}
+
+}  // namespace torchcap

@@ -222,9 +222,27 @@ std::string format_node(const Node& n) {
   return os.str();
 }
 
-std::string format_graph(const Graph& g) {
+std::string format_source(const Node& n) {
+  std::string out = n.meta().module_stack.innermost_str();
+  const std::vector<SourceFrame>& frames = n.meta().stack_trace.frames();
+  if (!frames.empty()) {
+    const SourceFrame& f = frames.front();  // innermost: the line that called the operator
+    if (!out.empty()) out += ", ";
+    out += "File: " + f.file + ":" + std::to_string(f.line) +
+           (f.function.empty() ? "" : " in " + f.function) + (f.code.empty() ? "" : ", code: " + f.code);
+  }
+  return out;
+}
+
+std::string format_graph(const Graph& g, const PrintOptions& options) {
   std::string out = "graph():\n";
-  for (const Node* n : g) out += "    " + format_node(*n) + "\n";
+  for (const Node* n : g) {
+    if (options.source && n->op() == OpCode::CallFunction) {
+      std::string source = format_source(*n);
+      if (!source.empty()) out += "    # " + source + "\n";
+    }
+    out += "    " + format_node(*n) + "\n";
+  }
   return out;
 }
 

@@ -347,8 +347,13 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   }
   if (st.origin() != nullptr) {
     node->meta().stack_trace = st.origin()->meta().stack_trace;
+    node->meta().module_stack = st.origin()->meta().module_stack;
   } else if (st.options().record_stack_traces) {
-    node->meta().stack_trace = StackTrace::capture();
+    if (st.options().locate_source) {
+      st.options().locate_source(node->meta());
+    } else {
+      node->meta().stack_trace = StackTrace::capture();
+    }
   }
 
   const bool multi = returns.size() > 1;

@@ -171,7 +171,7 @@ class Symbolizer {
       }
       std::free(scopes);
       while (found && frames.size() < 64) {
-        frames.push_back(SourceFrame{file, line, die_function_name(&current)});
+        frames.push_back(SourceFrame{file, line, die_function_name(&current), {}});
         if (dwarf_tag(&current) != DW_TAG_inlined_subroutine) break;
         Dwarf_Attribute attr;
         Dwarf_Word value = 0;
@@ -197,7 +197,7 @@ class Symbolizer {
       }
     }
     if (frames.empty()) {
-      frames.push_back(SourceFrame{file, line, demangle(dwfl_module_addrname(mod, addr))});
+      frames.push_back(SourceFrame{file, line, demangle(dwfl_module_addrname(mod, addr)), {}});
     }
     for (SourceFrame& f : frames) {
       Symbolized s;
@@ -275,6 +275,7 @@ std::string StackTrace::str() const {
     const SourceFrame& f = fs[i];
     out += "  File \"" + f.file + "\", line " + std::to_string(f.line) + ", in " +
            (f.function.empty() ? "?" : f.function) + "\n";
+    if (!f.code.empty()) out += "    " + f.code + "\n";
   }
   return out;
 }

@@ -96,6 +96,16 @@ class TraceScope {
   std::optional<c10::impl::IncludeDispatchKeyGuard> include_tracer_;
 };
 
+// Named tensors by identity; tied tensors keep the first name.
+std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleState& state);
+
+// Traces `fn` on `inputs`; `module_tensors` name the program's parameters and
+// buffers. Every public trace() ends here.
+GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                      const TraceOptions& options,
+                      std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors,
+                      c10::IValue* outputs);
+
 // Registers the dispatch handler (once per process).
 void ensure_tracer_registered();
 

@@ -9,8 +9,6 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/api/include/torch/nn/module.h>
-#include <torch/csrc/jit/api/module.h>
-#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <atomic>
 #include <optional>
@@ -89,6 +87,7 @@ Node* TraceState::getitem_for(Node* source, int64_t index) {
     item->meta().val = ValueMeta::tensor(val.tensors[index]);
   }
   item->meta().stack_trace = source->meta().stack_trace;
+  item->meta().module_stack = source->meta().module_stack;
   return item;
 }
 
@@ -168,6 +167,19 @@ c10::IValue unwrap_all(const c10::IValue& v) {
   return spec.unflatten(real);
 }
 
+}  // namespace
+
+std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleState& state) {
+  std::unordered_map<c10::TensorImpl*, ModuleTensor> named;
+  for (const auto& [name, t] : state.parameters) {
+    if (t.defined()) named.emplace(t.unsafeGetTensorImpl(), ModuleTensor{name, AttributeKind::Parameter});
+  }
+  for (const auto& [name, t] : state.buffers) {
+    if (t.defined()) named.emplace(t.unsafeGetTensorImpl(), ModuleTensor{name, AttributeKind::Buffer});
+  }
+  return named;
+}
+
 GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
                       const TraceOptions& options,
                       std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors,
@@ -243,7 +255,6 @@ GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
   return gm;
 }
 
-}  // namespace
 }  // namespace detail
 
 GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
@@ -254,37 +265,16 @@ GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inpu
 GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
                   const std::vector<c10::IValue>& inputs, const TraceOptions& options,
                   c10::IValue* outputs) {
-  std::unordered_map<c10::TensorImpl*, detail::ModuleTensor> named;
-  // Tied parameters are one tensor: the first name wins.
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
-    named.emplace(p.value().unsafeGetTensorImpl(),
-                  detail::ModuleTensor{p.key(), AttributeKind::Parameter});
-  }
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
-    named.emplace(b.value().unsafeGetTensorImpl(),
-                  detail::ModuleTensor{b.key(), AttributeKind::Buffer});
-  }
-  return detail::run_trace(forward, inputs, options, std::move(named), outputs);
+  ModuleState state;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) state.parameters.emplace_back(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) state.buffers.emplace_back(b.key(), b.value());
+  return trace(state, forward, inputs, options, outputs);
 }
 
-GraphModule trace(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
-                  const TraceOptions& options, c10::IValue* outputs) {
-  std::unordered_map<c10::TensorImpl*, detail::ModuleTensor> named;
-  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
-    named.emplace(p.value.unsafeGetTensorImpl(),
-                  detail::ModuleTensor{p.name, AttributeKind::Parameter});
-  }
-  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
-    named.emplace(b.value.unsafeGetTensorImpl(),
-                  detail::ModuleTensor{b.name, AttributeKind::Buffer});
-  }
-  auto forward = [&module](std::vector<c10::IValue> args) {
-    // Unoptimised execution: no fusion groups or specialisations, so the
-    // operators that reach the tracer are the ones the module's code calls.
-    torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
-    return module.forward(std::move(args));
-  };
-  return detail::run_trace(forward, inputs, options, std::move(named), outputs);
+GraphModule trace(const ModuleState& state, const TracedFunction& fn,
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options,
+                  c10::IValue* outputs) {
+  return detail::run_trace(fn, inputs, options, detail::module_tensors(state), outputs);
 }
 
 }  // namespace torchcap
