@@ -33,6 +33,8 @@ GraphModule export_program(torch::nn::Module& module, const TracedFunction& forw
                            const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
 GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
                            const TraceOptions& options = {});
+GraphModule export_program(const ModuleState& state, const TracedFunction& fn,
+                           const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
 
 // The functionalizing re-trace of a traced graph, on `inputs` (its program's
 // arguments, as for Interpreter::run). `options.inference_mode` and

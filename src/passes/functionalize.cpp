@@ -299,6 +299,11 @@ GraphModule export_program(torch::nn::Module& module, const TracedFunction& forw
   return finish_export(trace(module, forward, inputs, first_trace_options(options)), inputs, options);
 }
 
+GraphModule export_program(const ModuleState& state, const TracedFunction& fn,
+                           const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return finish_export(trace(state, fn, inputs, first_trace_options(options)), inputs, options);
+}
+
 GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
                            const TraceOptions& options) {
   return finish_export(trace(module, inputs, first_trace_options(options)), inputs, options);
