@@ -53,11 +53,12 @@ TEST(Printer, PythonCodeUnpacksNestedInputs) {
   Node* s3 = g.call_function("aten::add.Tensor", {s2, attr});
   g.output({s3});
   // forward(x, (y, {'k': z}), 3, None)
-  gm.in_spec = TreeSpec::tuple(
-      {TreeSpec::leaf(),
-       TreeSpec::tuple({TreeSpec::leaf(), TreeSpec::dict({c10::IValue("k")}, {TreeSpec::leaf()})}),
-       TreeSpec::constant(3), TreeSpec::none()});
-  gm.out_spec = TreeSpec::leaf();
+  gm.set_specs(
+      TreeSpec::tuple(
+          {TreeSpec::leaf(),
+           TreeSpec::tuple({TreeSpec::leaf(), TreeSpec::dict({c10::IValue("k")}, {TreeSpec::leaf()})}),
+           TreeSpec::constant(3), TreeSpec::none()}),
+      TreeSpec::leaf());
   testing::expect_golden("printer_python_nested.py", python_code(gm));
 }
 

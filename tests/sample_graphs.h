@@ -41,11 +41,10 @@ inline GraphModule sample_module() {
   Node* gathered = g.call_function("aten::gather", {idx, 1, ind});
   Node* clamp = g.call_function("aten::clamp", {cont, Argument(), 1e20});
   g.output({clamp, gathered});
-  gm.in_spec = TreeSpec::tuple({TreeSpec::leaf(), TreeSpec::leaf()});
-  gm.out_spec = TreeSpec::tuple(
-      {TreeSpec::leaf(),
-       TreeSpec::dict({c10::IValue("indices"), c10::IValue("none")},
-                      {TreeSpec::leaf(), TreeSpec::none()})});
+  gm.set_specs(TreeSpec::tuple({TreeSpec::leaf(), TreeSpec::leaf()}),
+               TreeSpec::tuple({TreeSpec::leaf(),
+                                TreeSpec::dict({c10::IValue("indices"), c10::IValue("none")},
+                                               {TreeSpec::leaf(), TreeSpec::none()})}));
 
   gm.set_attribute("fc.weight", at::zeros({5, 4}), AttributeKind::Parameter);
   gm.set_attribute("fc.bias", at::zeros({5}), AttributeKind::Parameter);

@@ -292,6 +292,7 @@ inline GraphModule nested_spec_module() {
   gm.out_spec = S::dict({c10::IValue("sum"), c10::IValue("pair"), c10::IValue("n")},
                         {S::leaf(), S::tuple({S::leaf(), S::none()}), S::constant(int64_t{7})});
   gm.out_spec = S::tuple({gm.out_spec, S::list({S::leaf()})});
+  gm.output_specs.assign(gm.out_spec.num_leaves(), OutputSpec{});
   return gm;
 }
 

@@ -510,5 +510,49 @@ TEST(BadInput, DataDependentValues) {
   gm.lint();
 }
 
+// Note [Data-dependent values]: decided by each operator's registration, so
+// every way of reading data into C++ is refused, not only .item().
+TEST(BadInput, EveryDataDependentValueIsRefused) {
+  auto traced = [](std::function<c10::IValue(const at::Tensor&)> body) {
+    return trace_error([&] { trace([&](IValues in) { return body(in[0].toTensor()); }, {at::ones({2})}); });
+  };
+  std::string allclose = traced([](const at::Tensor& x) {
+    return c10::IValue(x.allclose(x + 1e-9) ? x : -x);
+  });
+  EXPECT_EQ(allclose.rfind("aten::allclose reads a tensor's value into C++", 0), 0u) << allclose;
+  std::string equal = traced([](const at::Tensor& x) { return c10::IValue(at::equal(x, x * 2) ? x : -x); });
+  EXPECT_EQ(equal.rfind("aten::equal reads a tensor's value into C++", 0), 0u) << equal;
+  std::string nonzero = traced([](const at::Tensor& x) { return c10::IValue(x.sum().is_nonzero() ? x : -x); });
+  EXPECT_NE(nonzero.find("reads a tensor's value into C++"), std::string::npos) << nonzero;
+  // Metadata is not data: sizes and dtypes asked of the dispatcher are fine.
+  GraphModule gm = trace([](IValues in) {
+    const at::Tensor& x = in[0].toTensor();
+    bool same = x.is_same_size(x * 2);
+    auto dtype = at::result_type(x, x.to(at::kDouble));
+    return c10::IValue(same ? x.to(dtype) : x);
+  }, {at::ones({2})});
+  gm.lint();
+}
+
+// Note [Nested traces]: refused before anything runs; the outer trace,
+// which catches the error, records nothing of the attempt.
+TEST(BadInput, NestedTracesAreRefusedAndLeaveTheOuterGraphAlone) {
+  std::string inner_error;
+  GraphModule outer = trace([&](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    try {
+      trace([](IValues inner) { return c10::IValue(inner[0].toTensor() * 3); }, {x});
+    } catch (const TraceError& e) {
+      inner_error = e.what();
+    }
+    return c10::IValue(x + 1);
+  }, {at::ones({2})});
+  EXPECT_NE(inner_error.find("traces do not nest"), std::string::npos) << inner_error;
+  EXPECT_EQ(outer.attributes().size(), 0u) << outer.str();
+  size_t calls = 0;
+  for (const Node* n : outer.graph()) calls += n->op() == OpCode::CallFunction ? 1 : 0;
+  EXPECT_EQ(calls, 1u) << outer.str();  // the add, nothing of the inner attempt
+}
+
 }  // namespace
 }  // namespace torchcap

@@ -83,18 +83,22 @@ class GraphModule {
   // The structure of the program's arguments (a tuple of them) and result.
   TreeSpec in_spec;
   TreeSpec out_spec;
-  // One per output value when some outputs are mutations (see export.h);
-  // empty when every output value is a user output. User outputs come first
-  // and are the leaves of out_spec.
+  // One per value the output node returns (see export.h): user outputs
+  // first, which are the leaves of out_spec, then buffer and input
+  // mutations. lint() checks there is one per output value.
   std::vector<OutputSpec> output_specs;
 
   GraphSignature signature() const;
   // Output values that are the program's result (the rest are mutations).
   size_t num_user_outputs() const;
+  bool has_mutation_outputs() const { return num_user_outputs() != output_specs.size(); }
   // Sets the specs for a flat signature: the placeholders are the arguments, in
   // order, and the result is the tuple of the output node's values (a none
-  // among them moves from the output node into the spec).
+  // among them moves from the output node into the spec), all user outputs.
   void set_flat_specs();
+  // Sets the specs of a program whose results are all user outputs (no
+  // mutation outputs): output_specs gets one User entry per output value.
+  void set_specs(TreeSpec in, TreeSpec out);
 
   // Graph lint plus: every get_attr names an attribute; the number of
   // placeholders and output values match the specs; the output specs name

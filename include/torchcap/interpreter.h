@@ -9,7 +9,10 @@
 // Ownership: an Interpreter copies what it needs from the GraphModule (sharing
 // attribute tensors); the GraphModule may change or go away afterwards. The
 // plan is immutable, so one Interpreter may run on several threads at once;
-// each run's values belong to that call.
+// each run's values belong to that call. Runs of a graph that writes buffers
+// back (an exported train-mode BatchNorm, say) are serialized: each sees the
+// buffer updates of the runs before it, as successive calls of the program
+// would.
 #pragma once
 
 #include <torchcap/graph_module.h>
@@ -49,7 +52,10 @@ class Interpreter {
 
   // The same, on the flat list of input tensors; returns the flat user
   // outputs. An exported graph's mutation outputs (export.h) are not
-  // returned: they are written back into the buffers and inputs they update.
+  // returned: they are written back into the buffers and inputs they update,
+  // as the program's own in-place writes would be (through autograd: version
+  // counters are bumped, and under grad mode a leaf that requires grad is
+  // refused with an InputError before anything runs).
   std::vector<at::Tensor> run_flat(const std::vector<at::Tensor>& inputs,
                                    RunStats* stats = nullptr) const;
 
@@ -57,6 +63,8 @@ class Interpreter {
   size_t num_outputs() const;
 
  private:
+  std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs, RunStats& stats) const;
+
   std::unique_ptr<const detail::InterpreterPlan> plan_;
 };
 

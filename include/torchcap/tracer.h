@@ -70,6 +70,24 @@ struct TraceOptions {
   bool allow_data_dependent_values = false;
 };
 
+namespace detail {
+class TraceState;
+}
+
+// Inside its scope, the trace active on this thread (if any) records nothing:
+// for computations on the side, such as a pass run from a traced function.
+// Traced tensors still compute (their operators run on the real values).
+class PauseTracing {
+ public:
+  PauseTracing();
+  ~PauseTracing();
+  PauseTracing(const PauseTracing&) = delete;
+  PauseTracing& operator=(const PauseTracing&) = delete;
+
+ private:
+  detail::TraceState* paused_;
+};
+
 // {aten::linear, aten::layer_norm} under inference mode, nothing otherwise.
 std::vector<std::string> default_preserved_ops(bool inference_mode);
 

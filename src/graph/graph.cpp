@@ -2,6 +2,8 @@
 #include <torchcap/graph.h>
 #include <torchcap/printer.h>
 
+#include "graph/operator_name.h"
+
 #include <c10/util/Exception.h>
 
 #include <cctype>
@@ -48,29 +50,6 @@ std::string sanitize(const std::string& hint) {
   for (char c : hint) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) s.insert(s.begin(), '_');
   return s;
-}
-
-// "aten::add.Tensor" -> {"aten::add", "Tensor"}; "aten::addmm" -> {"aten::addmm", ""}.
-c10::OperatorName parse_operator_name(const std::string& qualified) {
-  size_t ns = qualified.find("::");
-  if (ns == std::string::npos || ns == 0 || ns + 2 >= qualified.size()) {
-    throw Error("'" + qualified +
-                "' is not a qualified operator name; expected namespace::name[.overload], "
-                "e.g. aten::add.Tensor");
-  }
-  size_t dot = qualified.find('.', ns + 2);
-  if (dot == std::string::npos) return {qualified, ""};
-  return {qualified.substr(0, dot), qualified.substr(dot + 1)};
-}
-
-// "aten::add" -> "add": the readable stem a node calling the operator is named by.
-std::string operator_stem(const c10::OperatorName& name) {
-  size_t ns = name.name.find("::");
-  return ns == std::string::npos ? name.name : name.name.substr(ns + 2);
-}
-
-std::string qualified_name(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
 }  // namespace
@@ -204,7 +183,7 @@ Node* Graph::get_attr(const std::string& path) {
 }
 
 Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwargs) {
-  c10::OperatorName name = parse_operator_name(op);
+  c10::OperatorName name = detail::parse_operator_name(op);
   auto handle = c10::Dispatcher::singleton().findSchema(name);
   if (!handle) throw Error("call_function: no operator " + op + " is registered");
   return call_function(*handle, std::move(args), std::move(kwargs));
@@ -212,7 +191,7 @@ Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwar
 
 Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs) {
   const c10::OperatorName& name = op.operator_name();
-  return create(OpCode::CallFunction, operator_stem(name), qualified_name(name), op,
+  return create(OpCode::CallFunction, detail::operator_stem(name), detail::qualified_name(name), op,
                 std::move(args), std::move(kwargs));
 }
 

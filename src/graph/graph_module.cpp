@@ -98,19 +98,11 @@ GraphSignature GraphModule::signature() const {
         break;
     }
   }
-  if (!output_specs.empty()) {
-    sig.outputs = output_specs;
-  } else if (const Node* out = graph_->output_node()) {
-    sig.outputs.assign(out->args()[0].to_list().size(), OutputSpec{});
-  }
+  sig.outputs = output_specs;
   return sig;
 }
 
 size_t GraphModule::num_user_outputs() const {
-  if (output_specs.empty()) {
-    const Node* out = graph_->output_node();
-    return out == nullptr ? 0 : out->args()[0].to_list().size();
-  }
   size_t n = 0;
   for (const OutputSpec& s : output_specs) n += s.kind == OutputKind::User ? 1 : 0;
   return n;
@@ -128,8 +120,16 @@ void GraphModule::set_flat_specs() {
       if (!a.is_none()) tensors.push_back(a);
     }
     out->set_args({Argument(std::move(tensors))});
+    output_specs.assign(out->args()[0].to_list().size(), OutputSpec{});
   }
   out_spec = TreeSpec::tuple(std::move(outs));
+}
+
+void GraphModule::set_specs(TreeSpec in, TreeSpec out) {
+  in_spec = std::move(in);
+  out_spec = std::move(out);
+  const Node* node = graph_->output_node();
+  output_specs.assign(node == nullptr ? 0 : node->args()[0].to_list().size(), OutputSpec{});
 }
 
 void GraphModule::lint() const {
@@ -150,12 +150,13 @@ void GraphModule::lint() const {
   const ArgumentList& results = graph_->output_node()->args()[0].to_list();
   size_t tensors = 0;
   for (const Argument& a : results) tensors += a.is_node() ? 1 : 0;
-  if (!output_specs.empty()) {
-    if (output_specs.size() != results.size()) {
-      throw LintError("lint: the output returns " + std::to_string(results.size()) +
-                      " values but there are " + std::to_string(output_specs.size()) +
-                      " output specs");
-    }
+  if (output_specs.size() != results.size()) {
+    throw LintError("lint: the output returns " + std::to_string(results.size()) +
+                    " values but there are " + std::to_string(output_specs.size()) +
+                    " output specs (one per output value: OutputKind::User for the program's "
+                    "results)");
+  }
+  {
     std::unordered_set<std::string> placeholders_by_name;
     for (const Node* n : *graph_) {
       if (n->op() == OpCode::Placeholder) placeholders_by_name.insert(n->name());
@@ -207,7 +208,7 @@ std::string GraphModule::str(bool with_source) const {
            (a.value.defined() ? TensorMeta::of(a.value).str() : std::string("undefined")) + "\n";
   }
   out += "# inputs: " + in_spec.str() + "\n# outputs: " + out_spec.str() + "\n";
-  if (!output_specs.empty()) {
+  if (has_mutation_outputs()) {
     const ArgumentList& results = graph_->output_node()->args()[0].to_list();
     out += "# signature:\n";
     for (size_t i = 0; i < output_specs.size() && i < results.size(); ++i) {

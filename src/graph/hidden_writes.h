@@ -2,11 +2,13 @@
 // In LibTorch 1.13 a few operators write arguments their schema does not mark
 // as written (no `(a!)`): native_batch_norm and the composites above it update
 // running_mean and running_var in place when `training` is true. Tracing,
-// dead-code elimination and the immutability check all need to know, so the
-// list lives here, reviewed, and is consulted wherever alias info is.
+// dead-code elimination, CSE, the immutability check and export all need to
+// know, so the list lives here, reviewed, with everything each of them needs,
+// and is consulted wherever alias info is.
 #pragma once
 
 #include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
 #include <ATen/core/operator_name.h>
 
 #include <cstddef>
@@ -21,10 +23,20 @@ bool is_generator_argument(const c10::Argument& a);
 struct HiddenWrites {
   std::vector<size_t> arguments;  // indices of the written arguments
   size_t condition;               // a bool argument: the writes happen when it is true
+  // The operator without its writes, for export's functionalizing re-trace:
+  // replaces the arguments on `stack` by the operator's results and returns
+  // the new values of the written arguments, in the order of `arguments`.
+  // Null when there is none: export then refuses the operator when it writes.
+  using Functional = std::vector<at::Tensor> (*)(std::vector<c10::IValue>& stack);
+  Functional functional = nullptr;
 };
 
 // The undeclared writes of `op`, or nullptr.
 const HiddenWrites* hidden_writes(const c10::OperatorName& op);
+
+// Whether the condition of `h` holds for the arguments on `stack` (the
+// operator's full argument list), and so the writes happen.
+bool hidden_writes_happen(const HiddenWrites& h, const std::vector<c10::IValue>& stack);
 
 }  // namespace detail
 }  // namespace torchcap

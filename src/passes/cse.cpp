@@ -77,15 +77,6 @@ struct KeyEq {
 
 }  // namespace
 
-namespace detail {
-bool is_generator_argument(const c10::Argument& a) {
-  const c10::Type* t = a.real_type().get();
-  if (t->kind() == c10::TypeKind::OptionalType) {
-    t = t->expectRef<c10::OptionalType>().getElementType().get();
-  }
-  return t->kind() == c10::TypeKind::GeneratorType;
-}
-}  // namespace detail
 
 bool eliminate_common_subexpressions(Graph& g) {
   // One walk in order: a node's arguments are final (already replaced by

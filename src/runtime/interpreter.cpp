@@ -1,16 +1,18 @@
 // The interpreter: a plan built once from the graph, run from flat tables.
 #include <torchcap/error.h>
+#include <torchcap/evaluator.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 
 #include "graph/schema_check.h"
-#include "runtime/ivalues.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/jit_type.h>
 
-#include <unordered_map>
+#include <mutex>
+#include <optional>
 
 namespace torchcap {
 namespace {
@@ -110,6 +112,9 @@ struct detail::InterpreterPlan {
     at::Tensor buffer;   // the attribute's tensor
   };
   std::vector<WriteBack> write_backs;
+  // Note [Concurrent runs that update buffers]
+  bool updates_buffers = false;
+  mutable std::mutex buffer_updates;
   std::vector<NodeInfo> node_infos;
   int32_t num_values = 0;
   size_t max_args = 0;
@@ -119,192 +124,173 @@ struct detail::InterpreterPlan {
 
 namespace {
 
-using detail::constant_ivalue;
-using detail::unwrap_optional;
+// What a node evaluates to while the plan is built: where its value will be
+// at run time. A multi-output node's values are `count` consecutive slots.
+struct PlanValue {
+  Slot::Kind kind = Slot::Kind::Constant;  // Constant: no value (returns nothing)
+  int32_t index = -1;
+  bool multi = false;  // several values from `index` on, read through getitem
+};
 
-class PlanBuilder {
+// Builds the plan by evaluating the graph symbolically: values are slots.
+class PlanBuilder : public GraphEvaluator<PlanValue> {
  public:
-  explicit PlanBuilder(const GraphModule& gm) : gm_(gm) {}
+  explicit PlanBuilder(const GraphModule& gm)
+      : GraphEvaluator(gm.graph()), gm_(gm), plan_(std::make_unique<detail::InterpreterPlan>()) {}
 
   std::unique_ptr<detail::InterpreterPlan> build() {
     gm_.lint();
-    auto plan = std::make_unique<detail::InterpreterPlan>();
-    plan->in_spec = gm_.in_spec;
-    plan->out_spec = gm_.out_spec;
-    for (const Node* n : gm_.graph()) {
-      switch (n->op()) {
-        case OpCode::Placeholder: {
-          where_[n] = {Slot::Kind::Input, static_cast<int32_t>(plan->inputs.size())};
-          InputCheck check;
-          check.name = n->name();
-          if (n->meta().val.kind == ValueKind::Tensor && !n->meta().val.tensors.empty()) {
-            check.has_meta = true;
-            check.meta = n->meta().val.tensors[0];
-          }
-          plan->inputs.push_back(std::move(check));
-          break;
-        }
-        case OpCode::GetAttr:
-          where_[n] = {Slot::Kind::Attribute, static_cast<int32_t>(plan->attributes.size())};
-          plan->attributes.push_back(gm_.attribute(n->target()).value);
-          break;
-        case OpCode::CallFunction:
-          if (n->is_getitem()) {
-            getitem(*n);
-          } else {
-            call(*plan, *n);
-          }
-          break;
-        case OpCode::Output:
-          for (const Argument& a : n->args()[0].to_list()) plan->outputs.push_back(slot_of(a.to_node()));
-          break;
-      }
-    }
-    plan->num_user_outputs = gm_.num_user_outputs();
-    for (size_t i = plan->num_user_outputs; i < gm_.output_specs.size(); ++i) {
+    plan_->in_spec = gm_.in_spec;
+    plan_->out_spec = gm_.out_spec;
+    for (const PlanValue& v : run()) plan_->outputs.push_back(slot_of(v, nullptr));
+    plan_->num_user_outputs = gm_.num_user_outputs();
+    for (size_t i = plan_->num_user_outputs; i < gm_.output_specs.size(); ++i) {
       const OutputSpec& spec = gm_.output_specs[i];
       detail::InterpreterPlan::WriteBack wb{false, -1, {}};
       if (spec.kind == OutputKind::InputMutation) {
         wb.to_input = true;
-        for (size_t k = 0; k < plan->inputs.size(); ++k) {
-          if (plan->inputs[k].name == spec.target) wb.input = static_cast<int32_t>(k);
+        for (size_t k = 0; k < plan_->inputs.size(); ++k) {
+          if (plan_->inputs[k].name == spec.target) wb.input = static_cast<int32_t>(k);
         }
       } else {
         wb.buffer = gm_.attribute(spec.target).value;
+        plan_->updates_buffers = true;
       }
-      plan->write_backs.push_back(std::move(wb));
+      plan_->write_backs.push_back(std::move(wb));
     }
-    plan->num_values = next_value_;
-    compute_frees(*plan);
-    for (const Instruction& i : plan->instructions) plan->max_args = std::max(plan->max_args, i.args.size());
-    return plan;
+    plan_->num_values = next_value_;
+    compute_frees(*plan_);
+    for (const Instruction& i : plan_->instructions) plan_->max_args = std::max(plan_->max_args, i.args.size());
+    return std::move(plan_);
+  }
+
+ protected:
+  bool release_values() const override { return false; }
+
+  PlanValue placeholder(const Node& n, size_t index) override {
+    InputCheck check;
+    check.name = n.name();
+    if (n.meta().val.kind == ValueKind::Tensor && !n.meta().val.tensors.empty()) {
+      check.has_meta = true;
+      check.meta = n.meta().val.tensors[0];
+    }
+    plan_->inputs.push_back(std::move(check));
+    return {Slot::Kind::Input, static_cast<int32_t>(index), false};
+  }
+
+  PlanValue get_attr(const Node& n) override {
+    plan_->attributes.push_back(gm_.attribute(n.target()).value);
+    return {Slot::Kind::Attribute, static_cast<int32_t>(plan_->attributes.size() - 1), false};
+  }
+
+  PlanValue getitem(const Node& n, const PlanValue& source, int64_t index) override {
+    if (!source.multi) {
+      throw Error("interpreter: getitem %" + n.name() + " of a node without several outputs");
+    }
+    return {Slot::Kind::Value, source.index + static_cast<int32_t>(index), false};
+  }
+
+  PlanValue call_operator(const Node& n, const std::vector<BoundArgument>& args) override {
+    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
+    ins.args.reserve(args.size());
+    for (const BoundArgument& a : args) ins.args.push_back(slot_of(a, n));
+    if (std::optional<PlanValue> folded = fold_view(n, ins)) return *folded;
+    PlanValue result;
+    switch (detail::produces(n)) {
+      case detail::Produces::Tensor:
+      case detail::Produces::Scalar:
+        ins.out = next_value_++;
+        ins.num_outputs = 1;
+        result = {Slot::Kind::Value, ins.out, false};
+        break;
+      case detail::Produces::Tuple:
+        ins.out = next_value_;
+        ins.num_outputs = static_cast<int32_t>(n.schema().returns().size());
+        next_value_ += ins.num_outputs;
+        result = {Slot::Kind::Value, ins.out, true};
+        break;
+      case detail::Produces::TensorList:
+        if (n.meta().val.kind != ValueKind::List) {
+          throw Error("interpreter: %" + n.name() + " returns a Tensor[] of unrecorded length; "
+                      "trace the graph or set its metadata");
+        }
+        ins.out = next_value_;
+        ins.num_outputs = static_cast<int32_t>(n.meta().val.tensors.size());
+        ins.explode = true;
+        next_value_ += ins.num_outputs;
+        result = {Slot::Kind::Value, ins.out, true};
+        break;
+      case detail::Produces::Nothing:
+        break;
+    }
+    ins.node_info = static_cast<int32_t>(plan_->node_infos.size());
+    plan_->node_infos.push_back(NodeInfo{format_node(n), n.meta().stack_trace});
+    plan_->instructions.push_back(std::move(ins));
+    return result;
   }
 
  private:
-  struct Where {
-    Slot::Kind kind;
-    int32_t index;
-  };
-
-  Slot slot_of(const Node* n) {
-    auto it = where_.find(n);
-    if (it == where_.end()) {
-      throw Error("interpreter: %" + n->name() + " has no value (a multi-output node used "
-                  "without getitem, or a node that returns nothing)");
+  Slot slot_of(const PlanValue& v, const Node* n) const {
+    if (v.kind == Slot::Kind::Constant || v.multi) {
+      throw Error("interpreter: %" + (n == nullptr ? std::string("a value") : n->name()) +
+                  " has no single value (a multi-output node used without getitem, or a node "
+                  "that returns nothing)");
     }
     Slot s;
-    s.kind = it->second.kind;
-    s.index = it->second.index;
+    s.kind = v.kind;
+    s.index = v.index;
     return s;
   }
 
-  Slot argument_slot(const Argument& a, const c10::Type& declared) {
-    if (a.is_node()) return slot_of(a.to_node());
-    const c10::Type& type = unwrap_optional(declared);
-    if (a.is_list() && type.kind() == c10::TypeKind::ListType) {
-      bool has_nodes = false;
-      a.for_each_node([&](Node*) { has_nodes = true; });
-      if (has_nodes) {
-        const c10::Type& elem = *type.expectRef<c10::ListType>().getElementType();
-        Slot s;
-        s.kind = elem.kind() == c10::TypeKind::OptionalType ? Slot::Kind::OptionalTensorList
-                                                            : Slot::Kind::TensorList;
-        for (const Argument& e : a.to_list()) s.elements.push_back(argument_slot(e, elem));
-        return s;
-      }
-    }
+  Slot slot_of(const BoundArgument& a, const Node& user) const {
     Slot s;
-    s.constant = constant_ivalue(a, declared);
+    switch (a.kind) {
+      case BoundArgument::Kind::Constant:
+        s.constant = a.constant;
+        break;
+      case BoundArgument::Kind::Node:
+        return slot_of(value_of(a.node), a.node);
+      case BoundArgument::Kind::TensorList:
+      case BoundArgument::Kind::OptionalTensorList:
+        s.kind = a.kind == BoundArgument::Kind::TensorList ? Slot::Kind::TensorList
+                                                           : Slot::Kind::OptionalTensorList;
+        for (const Node* e : a.elements) {
+          s.elements.push_back(e == nullptr ? Slot{} : slot_of(value_of(e), e));
+        }
+        break;
+    }
     return s;
   }
 
   // A view of attributes only (`t(weight)`) is computed once, here: it
   // aliases the attribute's memory, so it stays right even when the graph
   // updates the attribute in place.
-  bool fold_view(detail::InterpreterPlan& plan, const Node& n, const Instruction& ins) {
+  std::optional<PlanValue> fold_view(const Node& n, const Instruction& ins) {
     const c10::FunctionSchema& schema = n.schema();
-    if (schema.returns().size() != 1 || detail::produces(n) != detail::Produces::Tensor) return false;
+    if (schema.returns().size() != 1 || detail::produces(n) != detail::Produces::Tensor) return std::nullopt;
     const c10::AliasInfo* ret = schema.returns()[0].alias_info();
-    if (ret == nullptr || ret->isWrite()) return false;
+    if (ret == nullptr || ret->isWrite()) return std::nullopt;
     for (const c10::Argument& a : schema.arguments()) {
-      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return false;
+      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return std::nullopt;
     }
     bool reads_attribute = false;
     for (const Slot& s : ins.args) {
       if (s.kind == Slot::Kind::Attribute) {
         reads_attribute = true;
       } else if (s.kind != Slot::Kind::Constant) {
-        return false;
+        return std::nullopt;
       }
     }
-    if (!reads_attribute) return false;
+    if (!reads_attribute) return std::nullopt;
     std::vector<c10::IValue> stack;
     for (const Slot& s : ins.args) {
-      stack.push_back(s.kind == Slot::Kind::Attribute ? c10::IValue(plan.attributes[s.index])
+      stack.push_back(s.kind == Slot::Kind::Attribute ? c10::IValue(plan_->attributes[s.index])
                                                       : s.constant);
     }
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ins.op.callBoxed(&stack);
-    where_[&n] = {Slot::Kind::Attribute, static_cast<int32_t>(plan.attributes.size())};
-    plan.attributes.push_back(stack.at(0).toTensor());
-    return true;
-  }
-
-  void call(detail::InterpreterPlan& plan, const Node& n) {
-    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
-    const c10::FunctionSchema& schema = n.schema();
-    const auto& params = schema.arguments();
-    std::vector<const Argument*> given = detail::given_arguments(n);
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (given[i] != nullptr) {
-        ins.args.push_back(argument_slot(*given[i], *params[i].real_type()));
-      } else {
-        Slot s;  // a default, or none for an optional without one
-        if (params[i].default_value()) s.constant = *params[i].default_value();
-        ins.args.push_back(std::move(s));
-      }
-    }
-    if (fold_view(plan, n, ins)) return;
-    const ValueMeta& val = n.meta().val;
-    switch (detail::produces(n)) {
-      case detail::Produces::Tensor:
-      case detail::Produces::Scalar:
-        ins.out = next_value_++;
-        ins.num_outputs = 1;
-        where_[&n] = {Slot::Kind::Value, ins.out};
-        break;
-      case detail::Produces::Tuple:
-        ins.out = next_value_;
-        ins.num_outputs = static_cast<int32_t>(schema.returns().size());
-        next_value_ += ins.num_outputs;
-        multi_[&n] = ins.out;
-        break;
-      case detail::Produces::TensorList:
-        if (val.kind != ValueKind::List) {
-          throw Error("interpreter: %" + n.name() + " returns a Tensor[] of unrecorded length; "
-                      "trace the graph or set its metadata");
-        }
-        ins.out = next_value_;
-        ins.num_outputs = static_cast<int32_t>(val.tensors.size());
-        ins.explode = true;
-        next_value_ += ins.num_outputs;
-        multi_[&n] = ins.out;
-        break;
-      case detail::Produces::Nothing:
-        break;
-    }
-    ins.node_info = static_cast<int32_t>(plan.node_infos.size());
-    plan.node_infos.push_back(NodeInfo{format_node(n), n.meta().stack_trace});
-    plan.instructions.push_back(std::move(ins));
-  }
-
-  // getitem needs no instruction: it names one of its source's value slots.
-  void getitem(const Node& n) {
-    const Node* src = n.args()[0].to_node();
-    auto it = multi_.find(src);
-    if (it == multi_.end()) throw Error("interpreter: getitem %" + n.name() + " of a node without outputs");
-    int64_t index = n.args()[1].to_int();
-    where_[&n] = {Slot::Kind::Value, static_cast<int32_t>(it->second + index)};
+    plan_->attributes.push_back(stack.at(0).toTensor());
+    return PlanValue{Slot::Kind::Attribute, static_cast<int32_t>(plan_->attributes.size() - 1), false};
   }
 
   // Note [Freeing values after their last use]
@@ -312,7 +298,7 @@ class PlanBuilder {
   // instruction is its last use, so the value is released right after it.
   // Values never read are released right after they are produced. Values the
   // output returns are never released.
-  void compute_frees(detail::InterpreterPlan& plan) {
+  static void compute_frees(detail::InterpreterPlan& plan) {
     std::vector<bool> seen(plan.num_values, false);
     for (const Slot& s : plan.outputs) {
       if (s.kind == Slot::Kind::Value) seen[s.index] = true;
@@ -337,8 +323,7 @@ class PlanBuilder {
   }
 
   const GraphModule& gm_;
-  std::unordered_map<const Node*, Where> where_;
-  std::unordered_map<const Node*, int32_t> multi_;
+  std::unique_ptr<detail::InterpreterPlan> plan_;
   int32_t next_value_ = 0;
 };
 
@@ -377,10 +362,39 @@ Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
 size_t Interpreter::num_inputs() const { return plan_->inputs.size(); }
 size_t Interpreter::num_outputs() const { return plan_->num_user_outputs; }
 
-std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs,
-                                              RunStats* stats) const {
+namespace {
+
+// Note [Writing back like the program would]
+// An exported graph returns the new values of the buffers and inputs the
+// program wrote; a run writes them back. The write is the program's in-place
+// write, so it goes through the full dispatcher, autograd included: it bumps
+// the tensor's version counter (a tensor saved for backward then refuses to
+// be used, as in eager), and grad mode refuses it on a leaf that requires
+// grad, as eager does. That refusal is checked before anything runs, so a
+// refused run changes nothing.
+void check_write_targets(const detail::InterpreterPlan& plan, const std::vector<at::Tensor>& inputs) {
+  if (!at::GradMode::is_enabled()) return;
+  for (const auto& wb : plan.write_backs) {
+    const at::Tensor& target = wb.to_input ? inputs[wb.input] : wb.buffer;
+    if (!target.requires_grad() || !target.is_leaf()) continue;
+    std::string what = wb.to_input ? "input " + std::to_string(wb.input) + " (" +
+                                         plan.inputs[wb.input].name + ")"
+                                   : "a parameter";
+    throw InputError("this graph writes to " + what +
+                     ", a leaf tensor that requires grad, and grad mode is on: the program's own "
+                     "in-place write would be refused too (\"a leaf Variable that requires grad "
+                     "is being used in an in-place operation\"). Run it under torch::NoGradGuard, "
+                     "or pass a tensor that does not require grad");
+  }
+}
+
+}  // namespace
+
+// Runs the instructions below autograd; returns the user outputs, then the
+// values to write back.
+std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inputs,
+                                             RunStats& stats) const {
   const detail::InterpreterPlan& plan = *plan_;
-  check_inputs(plan, inputs);
   // Note [The interpreter runs below autograd]
   // A graph is an inference program: it was recorded without autograd and
   // runs without it, skipping the autograd and view-tracking dispatch layers
@@ -455,20 +469,36 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
   }
 
   std::vector<at::Tensor> out;
-  out.reserve(plan.num_user_outputs);
-  for (size_t i = 0; i < plan.num_user_outputs; ++i) out.push_back(fetch(plan.outputs[i], fetch).toTensor());
+  out.reserve(plan.outputs.size());
+  for (const Slot& s : plan.outputs) out.push_back(fetch(s, fetch).toTensor());
+  stats.nodes_executed = plan.instructions.size();
+  stats.peak_live_values = peak;
+  return out;
+}
+
+std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs,
+                                              RunStats* stats) const {
+  const detail::InterpreterPlan& plan = *plan_;
+  check_inputs(plan, inputs);
+  // Note [Concurrent runs that update buffers]
+  // Runs that write buffers back read them first: two at once would both
+  // read the old value and one update would be lost. They are serialized,
+  // so each run sees the updates of the runs before it, as successive calls
+  // of the program would. Other runs go in parallel.
+  std::unique_lock<std::mutex> buffers(plan.buffer_updates, std::defer_lock);
+  if (plan.updates_buffers) buffers.lock();
+  check_write_targets(plan, inputs);
+  RunStats local;
+  std::vector<at::Tensor> out = execute(inputs, stats != nullptr ? *stats : local);
   // Writes the program made, which the exported graph returns as values
-  // (export.h): applied now, so a run has the program's effect.
+  // (export.h): applied now, so a run has the program's effect (Note
+  // [Writing back like the program would]).
   for (size_t i = 0; i < plan.write_backs.size(); ++i) {
     const auto& wb = plan.write_backs[i];
-    at::Tensor value = fetch(plan.outputs[plan.num_user_outputs + i], fetch).toTensor();
     at::Tensor target = wb.to_input ? inputs[wb.input] : wb.buffer;
-    target.copy_(value);
+    target.copy_(out[plan.num_user_outputs + i]);
   }
-  if (stats != nullptr) {
-    stats->nodes_executed = plan.instructions.size();
-    stats->peak_live_values = peak;
-  }
+  out.resize(plan.num_user_outputs);
   return out;
 }
 

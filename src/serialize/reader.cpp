@@ -164,6 +164,9 @@ class Reader {
     gm.out_spec = read_spec(top_member("out_spec"), top_where("out_spec"), Path{});
     if (auto it = doc_.find("signature"); it != doc_.end()) {
       gm.output_specs = read_signature(*it, top_where("signature"));
+    } else if (const Node* out = gm.graph().output_node()) {
+      // A file without a signature returns user outputs only.
+      gm.output_specs.assign(out->args()[0].to_list().size(), OutputSpec{});
     }
     for (const PendingAttribute& a : attributes_) {
       gm.set_attribute(a.name, a.tensor < 0 ? at::Tensor() : tensors_[a.tensor], a.kind);

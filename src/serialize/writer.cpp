@@ -241,7 +241,7 @@ class Writer {
     doc["out_spec"] = spec_json(gm_.out_spec, "the output spec");
     // Only what GraphModule stores: the rest of its signature (user inputs,
     // parameters, buffers) follows from the placeholders and attributes.
-    if (!gm_.output_specs.empty()) {
+    if (gm_.has_mutation_outputs()) {
       Json outputs = Json::array();
       for (const OutputSpec& o : gm_.output_specs) {
         outputs.push_back(Json{{"kind", format::output_kind_token(o.kind)},

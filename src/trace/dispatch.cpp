@@ -1,13 +1,17 @@
 // The tracer's dispatch handler: every aten operator that reaches the tracer's
 // key runs here (STYLE.md 6: one boxed handler, explicit exceptions).
 #include <torchcap/error.h>
+#include <torchcap/evaluator.h>
 #include <torchcap/tracing_tensor.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/ivalue_conversion.h"
+#include "graph/operator_name.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -37,10 +41,53 @@ bool is_write(const c10::AliasInfo* info) {
   return false;
 }
 
-// Operators that read tensor values into C++: the value would be baked into
-// the graph (Note [Data-dependent values]).
-bool reads_data(const c10::OperatorName& name) {
-  return name.name == "aten::_local_scalar_dense" || name.name == "aten::equal";
+bool is_tensor_type(const c10::Type& t) {
+  const c10::Type& u = unwrap_optional(t);
+  if (u.kind() == c10::TypeKind::TensorType) return true;
+  return u.kind() == c10::TypeKind::ListType &&
+         is_tensor_type(*u.expectRef<c10::ListType>().getElementType());
+}
+
+bool is_number_type(const c10::Type& t) {
+  using K = c10::TypeKind;
+  const c10::Type& u = unwrap_optional(t);
+  switch (u.kind()) {
+    case K::IntType:
+    case K::SymIntType:
+    case K::FloatType:
+    case K::BoolType:
+    case K::NumberType:
+    case K::ComplexType:
+      return true;
+    case K::ListType:
+      return is_number_type(*u.expectRef<c10::ListType>().getElementType());
+    default:
+      return false;
+  }
+}
+
+// Note [Data-dependent values]
+// An operator that hands a value computed from tensor data back to the
+// program as a plain C++ value (`.item()`, `at::equal`, `allclose`, a tensor
+// used as a condition) lets the program branch on it: the graph would bake
+// that value, and the branch taken, in. Which operators do is read from their
+// registration, not from a list of names: results that are no tensor, of an
+// operator LibTorch tags `data_dependent_output`; for operators of other
+// libraries, which carry no such tags, any number result (metadata such as
+// dtypes, devices or packed parameters is not a number). ATen's untagged
+// number results are metadata: sizes, strides, dims, flags.
+bool returns_data(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.returns().empty()) return false;
+  for (const c10::Argument& r : schema.returns()) {
+    if (is_tensor_type(*r.real_type())) return false;
+  }
+  if (op.hasTag(at::Tag::data_dependent_output)) return true;
+  if (operator_namespace(schema.operator_name()) == "aten") return false;
+  for (const c10::Argument& r : schema.returns()) {
+    if (is_number_type(*r.real_type())) return true;
+  }
+  return false;
 }
 
 // at::equal(a, b) where a and b hold the same node's value depends on that
@@ -55,64 +102,6 @@ bool same_value_comparison(TraceState& st, const c10::FunctionSchema& schema, co
   if (a.toTensor().is_same(b.toTensor())) return true;
   return st.node_for(a.toTensor(), "argument 'self' of aten::equal") ==
          st.node_for(b.toTensor(), "argument 'other' of aten::equal");
-}
-
-bool is_tensor_like(const c10::IValue& v) {
-  if (v.isTensor()) return true;
-  if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (is_tensor_like(e)) return true;
-    }
-  }
-  return false;
-}
-
-// A value recorded as an argument: tensors become the nodes that hold them.
-Argument to_argument(TraceState& st, const c10::IValue& v, const c10::Type& declared,
-                     const std::string& what) {
-  using K = c10::TypeKind;
-  const c10::Type* type = &declared;
-  if (type->kind() == K::OptionalType) {
-    type = type->expectRef<c10::OptionalType>().getElementType().get();
-  }
-  if (v.isNone()) return Argument();
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    if (!t.defined()) return Argument();
-    return Argument(st.node_for(t, what));
-  }
-  if (v.isInt()) {
-    switch (type->kind()) {
-      case K::ScalarTypeType:
-        return Argument(static_cast<c10::ScalarType>(v.toInt()));
-      case K::LayoutType:
-        return Argument(static_cast<c10::Layout>(v.toInt()));
-      case K::MemoryFormatType:
-        return Argument(static_cast<c10::MemoryFormat>(v.toInt()));
-      default:
-        return Argument(v.toInt());
-    }
-  }
-  if (v.isDouble()) return Argument(v.toDouble());
-  if (v.isBool()) return Argument(v.toBool());
-  if (v.isString()) return Argument(v.toStringRef());
-  if (v.isDevice()) return Argument(v.toDevice());
-  if (v.isSymInt()) return Argument(v.toSymInt().expect_int());
-  if (v.isList()) {
-    const c10::Type* elem = type->kind() == K::ListType
-                                ? type->expectRef<c10::ListType>().getElementType().get()
-                                : type;
-    ArgumentList out;
-    auto list = v.toListRef();
-    out.reserve(list.size());
-    for (size_t i = 0; i < list.size(); ++i) {
-      out.push_back(to_argument(st, list[i], *elem, what + "[" + std::to_string(i) + "]"));
-    }
-    return Argument(std::move(out));
-  }
-  throw TraceError(what + " is " + (v.isGenerator() ? "a random generator" : "a " + v.tagKind()) +
-                   ", which a graph cannot record; pass no generator (use the default one) or "
-                   "compute it outside the traced function");
 }
 
 c10::IValue unwrap(const c10::IValue& v) {
@@ -218,133 +207,159 @@ Node* record_node(Graph& g, const c10::OperatorHandle& op, ArgumentList args, Kw
 // computes the argument's new value, so the argument's wrapper (or, for a
 // plain tensor, the trace's entry for it) is pointed at that node: later reads
 // depend on the write, and the tensor object the program holds stays the same.
-void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const auto& params = schema.arguments();
-  const auto& returns = schema.returns();
-  const size_t n_args = params.size();
-  const std::string target = qualified_name(schema.operator_name());
-  const size_t base = stack->size() - n_args;
 
-  if (reads_data(schema.operator_name()) && !st.options().allow_data_dependent_values &&
-      !same_value_comparison(st, schema, *stack, base)) {
-    throw TraceError(target +
-                     " reads a tensor's value into C++ (for example .item(), at::equal or a "
-                     "tensor used as a condition); the graph would bake that value in. Keep the "
-                     "computation in tensors, or set TraceOptions::allow_data_dependent_values");
-  }
+// One call of an operator reaching the tracer: its arguments are the last
+// `schema.arguments().size()` entries of `stack`.
+struct OpCall {
+  const c10::OperatorHandle& op;
+  const c10::FunctionSchema& schema;
+  std::string target;
+  Stack* stack;
+  size_t base;  // index of the first argument on the stack
 
-  // 1. Writes the graph cannot express, and writes to inputs: refused before
-  //    anything runs, so the input keeps its value.
-  std::vector<bool> written(n_args, false);
-  std::vector<bool> hidden(n_args, false);  // Note [Writes the schema does not declare]
-  for (size_t i = 0; i < n_args; ++i) written[i] = is_write(params[i].alias_info());
-  if (const HiddenWrites* h = hidden_writes(schema.operator_name())) {
-    const c10::IValue& flag = (*stack)[base + h->condition];
+  const c10::IValue& arg(size_t i) const { return (*stack)[base + i]; }
+  size_t num_args() const { return schema.arguments().size(); }
+};
+
+std::string describe_immutable(const c10::IValue& v) {
+  TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
+  Node* n = w->node() != nullptr ? w->node() : w->source();
+  if (n == nullptr) return "a graph input or a view of one";
+  return n->op() == OpCode::Placeholder ? "graph input %" + n->name()
+                                        : "%" + n->name() + ", a view of a graph input";
+}
+
+// Step 0: a plain value read from tensor data would be baked in.
+void check_data_dependence(TraceState& st, const OpCall& c) {
+  if (st.options().allow_data_dependent_values || !returns_data(c.op)) return;
+  if (same_value_comparison(st, c.schema, *c.stack, c.base)) return;
+  throw TraceError(c.target +
+                   " reads a tensor's value into C++ (for example .item(), at::equal, "
+                   "allclose or a tensor used as a condition); the graph would bake "
+                   "that value, and any branch taken on it, in. Keep the computation in tensors "
+                   "(torch::where instead of a branch), or set "
+                   "TraceOptions::allow_data_dependent_values. Schema: " + schema_str(c.schema));
+}
+
+// Step 1: writes the graph cannot express, and writes to inputs, are refused
+// before anything runs, so the input keeps its value. Returns which arguments
+// the operator writes (declared or hidden, Note [Writes the schema does not
+// declare]).
+std::vector<bool> check_writes(const OpCall& c) {
+  const auto& params = c.schema.arguments();
+  const size_t n = c.num_args();
+  std::vector<bool> written(n, false);
+  std::vector<bool> hidden(n, false);
+  for (size_t i = 0; i < n; ++i) written[i] = is_write(params[i].alias_info());
+  if (const HiddenWrites* h = hidden_writes(c.schema.operator_name())) {
+    const c10::IValue& flag = c.arg(h->condition);
     if (flag.isBool() && flag.toBool()) {
       for (size_t i : h->arguments) {
-        const c10::IValue& v = (*stack)[base + i];
+        const c10::IValue& v = c.arg(i);
         hidden[i] = written[i] = v.isTensor() && v.toTensor().defined();
       }
     }
   }
-  for (size_t i = 0; i < n_args; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (!written[i]) continue;
-    const c10::IValue& v = (*stack)[base + i];
+    const c10::IValue& v = c.arg(i);
     if (hidden[i]) {
       if (is_immutable_tensor(v)) {
         throw TraceError("Immutable tensor `" + params[i].name() +
-                         "` is potentially getting modified by " + schema_str(schema) +
-                         " (it updates its running statistics in place when training): it is a "
-                         "graph input or a view of one, which a graph may not modify. Clone it "
-                         "first.");
+                         "` is potentially getting modified by " + schema_str(c.schema) +
+                         " (it updates its running statistics in place when training): it is " +
+                         describe_immutable(v) + ", which a graph may not modify. Clone it first.");
       }
       continue;
     }
     bool returned = false;
-    for (const c10::Argument& r : returns) {
-      returned = returned || written_argument_of(schema, r) == static_cast<int>(i);
+    for (const c10::Argument& r : c.schema.returns()) {
+      returned = returned || written_argument_of(c.schema, r) == static_cast<int>(i);
     }
     if (!returned || !params[i].alias_info()->isWrite()) {
-      throw TraceError(target + " writes to argument '" + params[i].name() +
+      throw TraceError(c.target + " writes to argument '" + params[i].name() +
                        "' without returning it" +
                        (params[i].alias_info()->isWrite() ? "" : " (it writes list elements)") +
-                       "; a graph cannot express that mutation. Schema: " + schema_str(schema));
+                       "; a graph cannot express that mutation. Schema: " + schema_str(c.schema));
     }
     if (is_immutable_tensor(v)) {
-      TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
-      Node* n = w->node() != nullptr ? w->node() : w->source();
-      std::string what = n == nullptr ? "a graph input or a view of one"
-                         : n->op() == OpCode::Placeholder
-                             ? "graph input %" + n->name()
-                             : "%" + n->name() + ", a view of a graph input";
       throw TraceError("Immutable tensor `" + params[i].name() +
-                       "` is potentially getting modified by " + schema_str(schema) + ": it is " +
-                       what + ", which a graph may not modify. Clone it first.");
+                       "` is potentially getting modified by " + schema_str(c.schema) + ": it is " +
+                       describe_immutable(v) + ", which a graph may not modify. Clone it first.");
     }
   }
+  return written;
+}
 
-  // 2. Arguments, as recorded. Resolving may add get_attr and getitem nodes,
-  //    which therefore come before this operator's node.
+// Step 2: the arguments as the node records them: tensors become the nodes
+// holding their values; arguments equal to their defaults are left out.
+// Resolving may add get_attr and getitem nodes, which therefore come before
+// this operator's node.
+std::pair<ArgumentList, Kwargs> record_arguments(TraceState& st, const OpCall& c) {
+  const auto& params = c.schema.arguments();
+  const size_t n = c.num_args();
+  auto node_of = [&st](const at::Tensor& t, const std::string& what) { return st.node_for(t, what); };
+  std::vector<Argument> converted(n);
+  std::vector<bool> keep(n, true);
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = c.arg(i);
+    converted[i] = argument_of(v, *params[i].real_type(), node_of,
+                               "argument '" + params[i].name() + "' of " + c.target);
+    const auto& def = params[i].default_value();
+    if (def && !is_tensor_like(v) && v.tagKind() == def->tagKind() && v == *def) keep[i] = false;
+    if (def && v.isNone() && def->isNone()) keep[i] = false;
+  }
+  size_t positional = 0;
+  while (positional < n && !params[positional].kwarg_only()) ++positional;
+  size_t last = positional;  // trailing positional defaults are dropped
+  while (last > 0 && !keep[last - 1]) --last;
   ArgumentList args;
   Kwargs kwargs;
-  {
-    std::vector<Argument> converted(n_args);
-    std::vector<bool> keep(n_args, true);
-    for (size_t i = 0; i < n_args; ++i) {
-      const c10::IValue& v = (*stack)[base + i];
-      converted[i] = to_argument(st, v, *params[i].real_type(),
-                                 "argument '" + params[i].name() + "' of " + target);
-      const auto& def = params[i].default_value();
-      if (def && !is_tensor_like(v) && v.tagKind() == def->tagKind() && v == *def) keep[i] = false;
-      if (def && v.isNone() && def->isNone()) keep[i] = false;
-    }
-    size_t positional = 0;
-    while (positional < n_args && !params[positional].kwarg_only()) ++positional;
-    size_t last = positional;  // drop trailing positional defaults
-    while (last > 0 && !keep[last - 1]) --last;
-    for (size_t i = 0; i < last; ++i) args.push_back(std::move(converted[i]));
-    for (size_t i = positional; i < n_args; ++i) {
-      if (keep[i]) kwargs.emplace_back(params[i].name(), std::move(converted[i]));
-    }
+  for (size_t i = 0; i < last; ++i) args.push_back(std::move(converted[i]));
+  for (size_t i = positional; i < n; ++i) {
+    if (keep[i]) kwargs.emplace_back(params[i].name(), std::move(converted[i]));
   }
+  return {std::move(args), std::move(kwargs)};
+}
 
-  // 3. Snapshot attributes about to be written; run the real operator.
-  for (size_t i = 0; i < n_args; ++i) {
-    if (written[i] && (*stack)[base + i].isTensor()) st.before_write((*stack)[base + i].toTensor());
+// Step 3: the real operator on the real tensors. Attributes about to be
+// written are snapshotted first (Note [Attributes written during a trace]).
+// Returns the arguments as the program passed them (wrappers included).
+std::vector<c10::IValue> run_real(TraceState& st, const OpCall& c, const std::vector<bool>& written) {
+  for (size_t i = 0; i < c.num_args(); ++i) {
+    if (written[i] && c.arg(i).isTensor()) st.before_write(c.arg(i).toTensor());
   }
-  std::vector<c10::IValue> original(stack->begin() + base, stack->end());
-  for (size_t i = 0; i < n_args; ++i) (*stack)[base + i] = unwrap((*stack)[base + i]);
-  op.callBoxed(stack);
+  std::vector<c10::IValue> original(c.stack->begin() + c.base, c.stack->end());
+  for (size_t i = 0; i < c.num_args(); ++i) (*c.stack)[c.base + i] = unwrap(c.arg(i));
+  c.op.callBoxed(c.stack);
+  return original;
+}
 
-  // 4. The node, its metadata, and the results handed back to the program.
-  const size_t rbase = stack->size() - returns.size();
-  size_t tensor_returns = 0;
+// Whether the results can be recorded: tensors (or tensor lists) only, or
+// nothing. Non-tensor results (sizes, flags) are plain values the program
+// keeps; no node is made.
+bool has_tensor_results(const OpCall& c) {
+  const auto& returns = c.schema.returns();
+  const size_t rbase = c.stack->size() - returns.size();
+  size_t tensors = 0;
   for (size_t j = 0; j < returns.size(); ++j) {
-    const c10::IValue& out = (*stack)[rbase + j];
+    const c10::IValue& out = (*c.stack)[rbase + j];
     if (out.isTensor() || out.isTensorList()) {
-      ++tensor_returns;
+      ++tensors;
     } else if (out.isList() && is_tensor_like(out)) {
-      throw TraceError(target + " returns a list of optional tensors, which torchcap cannot "
-                                "record yet. Schema: " + schema_str(schema));
+      throw TraceError(c.target + " returns a list of optional tensors, which torchcap cannot "
+                                  "record yet. Schema: " + schema_str(c.schema));
     }
   }
-  if (tensor_returns == 0 && !returns.empty()) return;  // shapes, sizes: plain values
-  if (tensor_returns != returns.size()) {
-    throw TraceError(target + " returns tensors and other values together, which torchcap cannot "
-                              "record. Schema: " + schema_str(schema));
+  if (tensors == 0 && !returns.empty()) return false;
+  if (tensors != returns.size()) {
+    throw TraceError(c.target + " returns tensors and other values together, which torchcap "
+                                "cannot record. Schema: " + schema_str(c.schema));
   }
+  return true;
+}
 
-  Graph& g = st.graph();
-  Node* node = record_node(g, op, std::move(args), std::move(kwargs));
-  ValueMeta& val = node->meta().val;
-  if (returns.empty()) {
-    val.kind = ValueKind::None;
-  } else if (returns.size() == 1 && (*stack)[rbase].isTensorList()) {
-    val.kind = ValueKind::List;
-  } else {
-    val.kind = returns.size() == 1 ? ValueKind::Tensor : ValueKind::Tuple;
-  }
+void record_source(TraceState& st, Node* node) {
   if (st.origin() != nullptr) {
     node->meta().stack_trace = st.origin()->meta().stack_trace;
     node->meta().module_stack = st.origin()->meta().module_stack;
@@ -355,11 +370,29 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
       node->meta().stack_trace = StackTrace::capture();
     }
   }
+}
+
+// Step 4: the node, its metadata, and the results handed back to the
+// program: written arguments are rebound (Note [Proxy rebinding for in-place
+// ops]), other results wrapped (views of an input stay immutable).
+void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs kwargs,
+                    const std::vector<c10::IValue>& original) {
+  const auto& returns = c.schema.returns();
+  const size_t rbase = c.stack->size() - returns.size();
+  // As upstream: undefined outputs become empty tensors.
+  for (size_t j = 0; j < returns.size(); ++j) {
+    c10::IValue& out = (*c.stack)[rbase + j];
+    if (out.isTensor() && !out.toTensor().defined()) out = at::empty({0});
+  }
+  Graph& g = st.graph();
+  Node* node = record_node(g, c.op, std::move(args), std::move(kwargs));
+  node->meta().val = result_meta(c.schema, c10::ArrayRef<c10::IValue>(*c.stack).slice(rbase));
+  record_source(st, node);
 
   const bool multi = returns.size() > 1;
   for (size_t j = 0; j < returns.size(); ++j) {
-    c10::IValue& out = (*stack)[rbase + j];
-    int w = written_argument_of(schema, returns[j]);
+    c10::IValue& out = (*c.stack)[rbase + j];
+    int w = written_argument_of(c.schema, returns[j]);
     if (w >= 0) {
       const at::Tensor& arg = original[w].toTensor();
       if (TracingTensorImpl* impl = maybe_get_tracing_impl(arg)) {
@@ -369,24 +402,20 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
         } else {
           impl->rebind(node);
         }
-        val.tensors.push_back(TensorMeta::of(impl->value()));
       } else {
-        val.tensors.push_back(TensorMeta::of(arg));
         Node* value = node;
         if (multi) {
           value = g.getitem(node, static_cast<int64_t>(j));
-          value->meta().val = ValueMeta::tensor(val.tensors.back());
+          value->meta().val = ValueMeta::tensor(TensorMeta::of(arg));
         }
         st.rebind_plain(arg, value);
       }
       out = original[w];
       continue;
     }
-    int a = aliased_argument_of(schema, returns[j]);
+    int a = aliased_argument_of(c.schema, returns[j]);
     bool immutable = a >= 0 && is_immutable_tensor(original[a]);
-    auto wrap = [&](at::Tensor t, int64_t index) {
-      if (!t.defined()) t = at::empty({0});  // as upstream: undefined outputs become empty
-      val.tensors.push_back(TensorMeta::of(t));
+    auto wrap = [&](const at::Tensor& t, int64_t index) {
       at::Tensor wrapped = make_tracing_tensor(t, index < 0 ? node : nullptr, st.id(), immutable);
       if (index >= 0) maybe_get_tracing_impl(wrapped)->rebind_to_output(node, index);
       return wrapped;
@@ -401,6 +430,18 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
       out = wrapped;
     }
   }
+}
+
+void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  OpCall c{op, schema, qualified_name(schema.operator_name()), stack,
+           stack->size() - schema.arguments().size()};
+  check_data_dependence(st, c);
+  std::vector<bool> written = check_writes(c);
+  auto [args, kwargs] = record_arguments(st, c);
+  std::vector<c10::IValue> original = run_real(st, c, written);
+  if (!has_tensor_results(c)) return;
+  record_results(st, c, std::move(args), std::move(kwargs), original);
 }
 
 bool has_direct_cpu_kernel(const c10::OperatorHandle& op) {

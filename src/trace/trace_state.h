@@ -5,6 +5,8 @@
 #include <torchcap/graph_module.h>
 #include <torchcap/tracer.h>
 
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cstdint>
@@ -106,11 +108,26 @@ GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
                       std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors,
                       c10::IValue* outputs);
 
+// The dispatch setup a trace runs under, the first trace and export's
+// re-trace alike: no grad; inference mode when asked, with view tracking
+// off (Note [Inference mode and view tracking]); `state` active on this
+// thread (TraceScope). Restored when destroyed, normally or by an exception.
+class TracingSession {
+ public:
+  TracingSession(TraceState* state, bool inference_mode, bool capture_plain_tensors = true);
+  ~TracingSession();
+  TracingSession(const TracingSession&) = delete;
+  TracingSession& operator=(const TracingSession&) = delete;
+
+ private:
+  at::NoGradGuard no_grad_;
+  std::optional<c10::InferenceMode> inference_;
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> no_view_tracking_;
+  TraceScope scope_;
+};
+
 // Registers the dispatch handler (once per process).
 void ensure_tracer_registered();
-
-// Qualified name with overload, as node targets spell it.
-std::string qualified_name(const c10::OperatorName& name);
 
 }  // namespace detail
 }  // namespace torchcap

@@ -3,6 +3,7 @@
 #include <torchcap/tracer.h>
 #include <torchcap/tracing_tensor.h>
 
+#include "graph/operator_name.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 
@@ -26,20 +27,16 @@ namespace {
 thread_local TraceState* tls_current = nullptr;
 std::atomic<uint64_t> next_trace_id{1};
 
-c10::OperatorName parse_name(const std::string& qualified) {
-  size_t ns = qualified.find("::");
-  size_t dot = ns == std::string::npos ? std::string::npos : qualified.find('.', ns + 2);
-  if (dot == std::string::npos) return {qualified, ""};
-  return {qualified.substr(0, dot), qualified.substr(dot + 1)};
-}
-
 }  // namespace
 
-std::string qualified_name(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
 TraceState* current_trace() { return tls_current; }
+
+}  // namespace detail
+
+PauseTracing::PauseTracing() : paused_(detail::tls_current) { detail::tls_current = nullptr; }
+PauseTracing::~PauseTracing() { detail::tls_current = paused_; }
+
+namespace detail {
 
 TraceScope::TraceScope(TraceState* state, bool capture_plain_tensors) : previous_(tls_current) {
   if (capture_plain_tensors) include_tracer_.emplace(kTracerKey);
@@ -48,16 +45,50 @@ TraceScope::TraceScope(TraceState* state, bool capture_plain_tensors) : previous
 
 TraceScope::~TraceScope() { tls_current = previous_; }
 
+// Note [Inference mode and view tracking]
+// Inference mode skips the autograd keys but not ADInplaceOrView for
+// ordinary tensors (parameters): its view kernel would attach view metadata,
+// with a version counter, to the wrapper the tracer returns, which inference
+// mode made an inference tensor ("Cannot set version_counter for inference
+// tensor"). Nothing in a trace needs view tracking, so it is switched off
+// with autograd.
+TracingSession::TracingSession(TraceState* state, bool inference_mode, bool capture_plain_tensors)
+    : inference_(inference_mode ? std::make_optional<c10::InferenceMode>() : std::nullopt),
+      no_view_tracking_(c10::InferenceMode::is_enabled()
+                            ? std::make_optional<c10::impl::ExcludeDispatchKeyGuard>(
+                                  c10::DispatchKey::ADInplaceOrView)
+                            : std::nullopt),
+      scope_(state, capture_plain_tensors) {}
+
+TracingSession::~TracingSession() = default;
+
 TraceState::TraceState(const TraceOptions& options,
                        std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors)
     : id_(next_trace_id++), options_(options), module_tensors_(std::move(module_tensors)) {
+  if (tls_current != nullptr) {
+    // Note [Nested traces]
+    // A trace inside a traced function would wrap the outer trace's tensors
+    // (or record its own set-up into the outer graph). It is refused here,
+    // before anything runs, so the active trace records nothing of the
+    // attempt (the caller may catch the error and go on). Calling the inner
+    // function directly gives what a user wants: the outer graph records
+    // what it runs.
+    throw TraceError(
+        "torchcap::trace was called inside a traced function (a trace is already active on this "
+        "thread); traces do not nest. Call the inner function directly, and the active trace "
+        "records what it runs; or trace it on its own, outside");
+  }
   bool inference = options.inference_mode || c10::InferenceMode::is_enabled();
   std::vector<std::string> preserve =
       options.preserve ? *options.preserve : default_preserved_ops(inference);
   for (const std::string& name : preserve) {
-    c10::OperatorName op = parse_name(name);
-    if (op.name.find("::") == std::string::npos ||
-        !c10::Dispatcher::singleton().findSchema(op)) {
+    c10::OperatorName op{name, ""};
+    try {
+      op = parse_operator_name(name);
+    } catch (const Error&) {
+      // reported below, as an unknown operator
+    }
+    if (op.name.find("::") == std::string::npos || !c10::Dispatcher::singleton().findSchema(op)) {
       throw TraceError("TraceOptions::preserve: '" + name +
                        "' is not a registered operator (expected e.g. aten::linear)");
     }
@@ -209,19 +240,7 @@ GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
 
   c10::IValue result;
   {
-    at::NoGradGuard no_grad;
-    std::optional<c10::InferenceMode> inference;
-    if (options.inference_mode) inference.emplace();
-    // Note [Inference mode and view tracking]
-    // Inference mode skips the autograd keys but not ADInplaceOrView for
-    // ordinary tensors (parameters): its view kernel would attach view
-    // metadata, with a version counter, to the wrapper the tracer returns,
-    // which inference mode made an inference tensor ("Cannot set
-    // version_counter for inference tensor"). Nothing in a trace needs view
-    // tracking, so it is switched off with autograd.
-    std::optional<c10::impl::ExcludeDispatchKeyGuard> no_view_tracking;
-    if (c10::InferenceMode::is_enabled()) no_view_tracking.emplace(c10::DispatchKey::ADInplaceOrView);
-    TraceScope scope(&st);
+    TracingSession session(&st, options.inference_mode);
     result = fn(std::move(args));
   }
 
@@ -246,12 +265,14 @@ GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
       results.emplace_back(st.node_for(out_leaves[i], "output " + std::to_string(i)));
     }
   }
+  const size_t num_results = results.size();
   g.output(std::move(results));
   if (outputs != nullptr) *outputs = unwrap_all(result);
 
   GraphModule gm = std::move(st.module());
   gm.in_spec = std::move(in_spec);
   gm.out_spec = std::move(out_spec);
+  gm.output_specs.assign(num_results, OutputSpec{});
   return gm;
 }
 

@@ -1,4 +1,6 @@
-#include "runtime/ivalues.h"
+#include "graph/ivalue_conversion.h"
+
+#include <torchcap/error.h>
 
 #include <c10/util/Exception.h>
 
@@ -60,31 +62,6 @@ c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared) {
   TORCH_INTERNAL_ASSERT(false, "constant_ivalue: node arguments are not constants");
 }
 
-c10::IValue argument_ivalue(const Argument& a, const c10::Type& declared,
-                            const std::function<c10::IValue(const Node*)>& value_of) {
-  if (a.is_node()) return value_of(a.to_node());
-  const c10::Type& type = unwrap_optional(declared);
-  if (a.is_list() && type.kind() == c10::TypeKind::ListType) {
-    bool has_nodes = false;
-    a.for_each_node([&](Node*) { has_nodes = true; });
-    if (has_nodes) {
-      const c10::Type& elem = *type.expectRef<c10::ListType>().getElementType();
-      if (elem.kind() == c10::TypeKind::OptionalType) {
-        c10::List<c10::optional<at::Tensor>> out;
-        for (const Argument& e : a.to_list()) {
-          c10::IValue v = argument_ivalue(e, elem, value_of);
-          out.push_back(v.isNone() ? c10::optional<at::Tensor>() : v.toTensor());
-        }
-        return out;
-      }
-      c10::List<at::Tensor> out;
-      for (const Argument& e : a.to_list()) out.push_back(argument_ivalue(e, elem, value_of).toTensor());
-      return out;
-    }
-  }
-  return constant_ivalue(a, declared);
-}
-
 std::vector<const Argument*> given_arguments(const Node& n) {
   const c10::FunctionSchema& schema = n.schema();
   std::vector<const Argument*> given(schema.arguments().size(), nullptr);
@@ -93,22 +70,24 @@ std::vector<const Argument*> given_arguments(const Node& n) {
   return given;
 }
 
-std::vector<c10::IValue> call_stack(const Node& n,
-                                    const std::function<c10::IValue(const Node*)>& value_of) {
-  const auto& params = n.schema().arguments();
-  std::vector<const Argument*> given = given_arguments(n);
-  std::vector<c10::IValue> stack;
-  stack.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (given[i] != nullptr) {
-      stack.push_back(argument_ivalue(*given[i], *params[i].real_type(), value_of));
-    } else if (params[i].default_value()) {
-      stack.push_back(*params[i].default_value());
-    } else {
-      stack.emplace_back();  // an optional without a default
+c10::IValue default_ivalue(const c10::Argument& p) {
+  return p.default_value() ? *p.default_value() : c10::IValue();
+}
+
+bool is_tensor_like(const c10::IValue& v) {
+  if (v.isTensor()) return true;
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (is_tensor_like(e)) return true;
     }
   }
-  return stack;
+  return false;
+}
+
+void throw_unrecordable(const c10::IValue& v, const std::string& what) {
+  throw TraceError(what + " is " + (v.isGenerator() ? "a random generator" : "a " + v.tagKind()) +
+                   ", which a graph cannot record; pass no generator (use the default one) or "
+                   "compute it outside the traced function");
 }
 
 }  // namespace detail

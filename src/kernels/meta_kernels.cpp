@@ -1,4 +1,4 @@
-#include "passes/meta_kernels.h"
+#include "kernels/meta_kernels.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

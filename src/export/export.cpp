@@ -1,0 +1,269 @@
+// export_program and the functionalizing re-trace (upstream's dispatch_trace).
+#include <torchcap/error.h>
+#include <torchcap/evaluator.h>
+#include <torchcap/export.h>
+#include <torchcap/passes.h>
+#include <torchcap/tracing_tensor.h>
+
+#include "graph/hidden_writes.h"
+#include "trace/dispatch_key.h"
+#include "trace/trace_state.h"
+
+#include <ATen/FunctionalTensorWrapper.h>
+
+#include <optional>
+
+namespace torchcap {
+
+bool is_functional(const Graph& g, std::string* problem) {
+  auto fail = [&](const Node* n, const std::string& why) {
+    if (problem != nullptr) *problem = "%" + n->name() + " (" + n->target() + ") " + why;
+    return false;
+  };
+  for (const Node* n : g) {
+    if (!n->is_operator()) continue;
+    const c10::FunctionSchema& s = n->schema();
+    for (const c10::Argument& a : s.arguments()) {
+      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) {
+        return fail(n, "writes its argument '" + a.name() + "'");
+      }
+    }
+    if (n->has_side_effects() && detail::hidden_writes(s.operator_name()) != nullptr) {
+      return fail(n, "updates running statistics in place");
+    }
+    for (const c10::Argument& r : s.returns()) {
+      if (r.alias_info() != nullptr) return fail(n, "returns a view of its argument");
+    }
+  }
+  return true;
+}
+
+namespace {
+
+namespace fz = at::functionalization::impl;
+
+at::Tensor functional(const at::Tensor& t) {
+  if (!t.defined() || fz::isFunctionalTensor(t)) return t;
+  return fz::to_functional_tensor(t);
+}
+
+c10::IValue functional(const c10::IValue& v) {
+  if (v.isTensor()) return functional(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(functional(t));
+    return out;
+  }
+  return v;
+}
+
+at::Tensor unfunctional(const at::Tensor& t) {
+  if (!fz::isFunctionalTensor(t)) return t;
+  fz::sync(t);
+  return fz::from_functional_tensor(t);
+}
+
+c10::IValue unfunctional(const c10::IValue& v) {
+  if (v.isTensor()) return unfunctional(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(unfunctional(t));
+    return out;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList out(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(unfunctional(e));
+    return out;
+  }
+  return v;
+}
+
+bool has_tensor(const std::vector<c10::IValue>& stack) {
+  for (const c10::IValue& v : stack) {
+    if (v.isTensor() && v.toTensor().defined()) return true;
+    if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined()) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// A value the re-trace may write: an input or a parameter/buffer.
+struct Writable {
+  at::Tensor functional;  // what the program works on
+  at::Tensor original;    // the traced tensor it started as
+  OutputKind kind;
+  std::string target;
+};
+
+// Interprets the first trace's graph with every value a traced tensor inside
+// a FunctionalTensorWrapper: functionalization turns mutations and views into
+// functional operators on the way to the tracer, which records them into a
+// new graph. Nodes take the metadata (stack traces, module stacks) of the
+// node they came from.
+class Functionalizer : public Evaluator {
+ public:
+  Functionalizer(const GraphModule& gm, detail::TraceState& st) : Evaluator(gm), st_(st) {}
+
+  std::vector<Writable> writable;
+
+ protected:
+  c10::IValue placeholder(const Node& n, size_t index) override {
+    Node* ph = st_.graph().placeholder(n.name());
+    ph->meta() = n.meta();
+    at::Tensor t = Evaluator::placeholder(n, index).toTensor();
+    at::Tensor w = make_tracing_tensor(t.detach(), ph, st_.id(), /*immutable=*/false);
+    at::Tensor f = functional(w);
+    writable.push_back({f, w, OutputKind::InputMutation, n.name()});
+    return f;
+  }
+
+  c10::IValue get_attr(const Node& n) override {
+    const Attribute& a = module().attribute(n.target());
+    at::Tensor w = st_.attribute_tensor(a.name, a.value, a.kind);
+    at::Tensor f = functional(w);
+    if (a.kind != AttributeKind::Constant) {
+      writable.push_back({f, w, OutputKind::BufferMutation, a.name});
+    }
+    return f;
+  }
+
+  c10::IValue call_operator(const Node& n, const std::vector<BoundArgument>& args) override {
+    st_.set_origin(&n);
+    c10::IValue result = Evaluator::call_operator(n, args);
+    st_.set_origin(nullptr);
+    return result;
+  }
+
+  void run_kernel(const Node& n, std::vector<c10::IValue>& stack) override {
+    const detail::HiddenWrites* hidden = detail::hidden_writes(n.schema().operator_name());
+    if (hidden != nullptr && detail::hidden_writes_happen(*hidden, stack)) {
+      write_functionally(n, *hidden, stack);
+    } else if (st_.preserves(n.op_handle().operator_name())) {
+      // Kept whole: functionalization would decompose a composite operator,
+      // so it is called on the traced tensors inside (the preserved
+      // operators are functional: no writes, no views).
+      for (c10::IValue& v : stack) v = unfunctional(v);
+      n.op_handle().callBoxed(&stack);
+    } else {
+      // Factories (no tensor argument) must reach the tracer, which is not
+      // in the thread's dispatch keys during the re-trace.
+      std::optional<c10::impl::IncludeDispatchKeyGuard> factory;
+      if (!has_tensor(stack)) factory.emplace(detail::kTracerKey);
+      n.op_handle().callBoxed(&stack);
+    }
+    for (c10::IValue& v : stack) v = functional(v);
+  }
+
+ private:
+  // Note [Writes the schema does not declare]: the operator's functional
+  // form computes the results and the written arguments' new values, which
+  // are then copied in, a write functionalization sees (Note [Functional
+  // BatchNorm]).
+  void write_functionally(const Node& n, const detail::HiddenWrites& hidden,
+                          std::vector<c10::IValue>& stack) {
+    if (hidden.functional == nullptr) {
+      throw TraceError("export: %" + n.name() + " (" + n.target() +
+                       ") updates its arguments in place in a way export cannot make functional; "
+                       "do not preserve it, or export in eval mode");
+    }
+    std::vector<c10::IValue> written;
+    for (size_t i : hidden.arguments) written.push_back(stack.at(i));
+    std::vector<at::Tensor> updates = hidden.functional(stack);
+    for (size_t k = 0; k < updates.size(); ++k) written[k].toTensor().copy_(updates[k]);
+  }
+
+  detail::TraceState& st_;
+};
+
+}  // namespace
+
+GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>& inputs,
+                          const TraceOptions& options) {
+  gm.lint();
+  detail::ensure_tracer_registered();
+  TraceOptions retrace_options = options;
+  retrace_options.allow_input_mutation = true;
+  detail::TraceState st(retrace_options, {});
+  Graph& g = st.graph();
+  std::vector<c10::IValue> leaves =
+      gm.in_spec.flatten_like(c10::ivalue::Tuple::create(inputs), "input");
+
+  Functionalizer functionalizer(gm, st);
+  std::vector<c10::IValue> outputs;
+  {
+    at::functionalization::impl::FunctionalizationReapplyViewsGuard no_views(false);
+    // Every value is a traced tensor already (placeholders, attributes), so
+    // operators on plain tensors need not reach the tracer: they would be
+    // functionalization's own bookkeeping. Factories are the exception.
+    detail::TracingSession session(&st, options.inference_mode, /*capture_plain_tensors=*/false);
+    outputs = functionalizer.run(std::move(leaves));
+  }
+
+  // The program's outputs, then the writes functionalization took out.
+  ArgumentList results;
+  std::vector<OutputSpec> specs;
+  c10::impl::ExcludeDispatchKeyGuard no_tracer(detail::kTracerKey);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    at::Tensor t = unfunctional(outputs[i].toTensor());
+    results.emplace_back(st.node_for(t, "output " + std::to_string(i)));
+    specs.push_back(i < gm.output_specs.size() ? gm.output_specs[i] : OutputSpec{});
+  }
+  for (const Writable& w : functionalizer.writable) {
+    at::Tensor now = unfunctional(w.functional);
+    if (now.unsafeGetTensorImpl() == w.original.unsafeGetTensorImpl()) continue;
+    results.emplace_back(st.node_for(now, "new value of " + w.target));
+    specs.push_back(OutputSpec{w.kind, w.target});
+  }
+  g.output(std::move(results));
+
+  GraphModule result = std::move(st.module());
+  result.in_spec = gm.in_spec;
+  result.out_spec = gm.out_spec;
+  result.output_specs = std::move(specs);
+  eliminate_dead_code(result.graph());
+  result.remove_unused_attributes();
+  result.lint();
+  return result;
+}
+
+namespace {
+
+GraphModule finish_export(GraphModule first, const std::vector<c10::IValue>& inputs,
+                          const TraceOptions& options) {
+  eliminate_dead_code(first.graph());
+  first.remove_unused_attributes();
+  return functionalize(first, inputs, options);
+}
+
+TraceOptions first_trace_options(const TraceOptions& options) {
+  TraceOptions first = options;
+  first.allow_input_mutation = true;
+  return first;
+}
+
+}  // namespace
+
+GraphModule export_program(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options) {
+  return finish_export(trace(fn, inputs, first_trace_options(options)), inputs, options);
+}
+
+GraphModule export_program(torch::nn::Module& module, const TracedFunction& forward,
+                           const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return finish_export(trace(module, forward, inputs, first_trace_options(options)), inputs, options);
+}
+
+GraphModule export_program(const ModuleState& state, const TracedFunction& fn,
+                           const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return finish_export(trace(state, fn, inputs, first_trace_options(options)), inputs, options);
+}
+
+GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options) {
+  return finish_export(trace(module, inputs, first_trace_options(options)), inputs, options);
+}
+
+}  // namespace torchcap
