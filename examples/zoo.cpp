@@ -210,11 +210,14 @@ Example make(const std::string& name) {
   return e;
 }
 
-GraphModule trace(Example& e, const TraceOptions& options, std::vector<c10::IValue> inputs,
-                  c10::IValue* outputs) {
+TraceResult trace_with_outputs(Example& e, const TraceOptions& options, std::vector<c10::IValue> inputs) {
   if (inputs.empty()) inputs = e.make_inputs(0);
-  if (e.module) return torchcap::trace(*e.module, e.forward, inputs, options, outputs);
-  return torchcap::trace(e.forward, inputs, options, outputs);
+  ModuleState state = e.module ? ModuleState::of(*e.module) : ModuleState{};
+  return torchcap::trace_with_outputs(state, e.forward, inputs, options);
+}
+
+GraphModule trace(Example& e, const TraceOptions& options, std::vector<c10::IValue> inputs) {
+  return trace_with_outputs(e, options, std::move(inputs)).module;
 }
 
 void freeze(Example& e) {

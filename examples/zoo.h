@@ -39,8 +39,10 @@ std::string describe(const std::string& name);
 Example make(const std::string& name);
 
 // Traces the example on `inputs` (its reference inputs if empty).
-GraphModule trace(Example& e, const TraceOptions& options = {},
-                  std::vector<c10::IValue> inputs = {}, c10::IValue* outputs = nullptr);
+GraphModule trace(Example& e, const TraceOptions& options = {}, std::vector<c10::IValue> inputs = {});
+// The same, with what the program returned.
+TraceResult trace_with_outputs(Example& e, const TraceOptions& options = {},
+                               std::vector<c10::IValue> inputs = {});
 
 // Turns off requires_grad on the module's parameters (for tools, such as
 // LibTorch's own tracer, that refuse tensors requiring grad as constants).

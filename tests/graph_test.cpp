@@ -87,8 +87,7 @@ TEST(Graph, NamesAreUniqueReadableIdentifiers) {
   Node* c = g.call_function("aten::add.Tensor", {b, x});
   Node* s = g.call_function("aten::sum", {c});  // "sum" is a Python builtin
   Node* attr = g.get_attr("layer1.0.conv1.weight");
-  g.set_next_name("add_1");  // taken: continues the add_ series
-  Node* d = g.call_function("aten::add.Tensor", {c, x});
+  Node* d = g.call_function("aten::add.Tensor", {c, x}, {}, "add_1");  // taken: continues the series
   EXPECT_EQ(x2->name(), "x_1");
   EXPECT_EQ(names(g), (Names{"x", "x_1", "add", "add_1", "add_2", "sum_1",
                              "layer1_0_conv1_weight", "add_3"}));

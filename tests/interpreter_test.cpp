@@ -249,8 +249,7 @@ TEST(Memory, ValuesAreFreedAfterTheirLastUse) {
   };
   for (int64_t length : {10, 1000}) {
     Interpreter interp(chain(length));
-    RunStats stats;
-    interp.run({at::randn({8})}, &stats);
+    RunStats stats = interp.run_with_stats({at::randn({8})}).stats;
     EXPECT_EQ(stats.nodes_executed, static_cast<size_t>(length));
     EXPECT_LE(stats.peak_live_values, 2u) << "chain of " << length;
   }
@@ -262,8 +261,7 @@ TEST(Memory, UnusedOutputsAreDroppedAtOnce) {
     auto [v, i] = at::topk(x, 2);  // i is never read
     return c10::IValue(v * 2);
   }, {at::randn({5})});
-  RunStats stats;
-  Interpreter(gm).run({at::randn({5})}, &stats);
+  RunStats stats = Interpreter(gm).run_with_stats({at::randn({5})}).stats;
   EXPECT_LE(stats.peak_live_values, 2u);
 }
 

@@ -57,8 +57,7 @@ std::vector<c10::IValue> inputs(uint64_t seed) {
 
 TEST(TorchScript, TracesTheModulesOperatorsWithQualifiedNames) {
   torch::jit::Module m = scripted_model();
-  c10::IValue traced_out;
-  GraphModule gm = trace(m, inputs(1), {}, &traced_out);
+  auto [gm, traced_out] = trace_with_outputs(m, inputs(1));
   gm.lint();
   EXPECT_TRUE(gm.has_attribute("block.weight"));
   EXPECT_TRUE(gm.has_attribute("block.bias"));

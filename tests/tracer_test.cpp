@@ -45,8 +45,7 @@ TEST_P(Zoo, TracesLintsAndReRunsLikeEager) {
   examples::Example traced = examples::make(name);
   examples::Example eager = examples::make(name);  // same weights, untouched by the trace
 
-  c10::IValue trace_outputs;
-  GraphModule gm = examples::trace(traced, {}, {}, &trace_outputs);
+  auto [gm, trace_outputs] = examples::trace_with_outputs(traced);
   gm.lint();
   // What the trace computed is what the program computes.
   EXPECT_LE(examples::max_abs_diff(trace_outputs, eager.forward(eager.make_inputs(0))), 1e-5);

@@ -10,12 +10,9 @@ int main() {
   torch::manual_seed(0);
   torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(),
                               torch::nn::Linear(8, 2));
-  auto forward = [&](std::vector<c10::IValue> in) {
-    return c10::IValue(model->forward(in[0].toTensor()));
-  };
 
   // Parameters become get_attr nodes named by their path in the model.
-  torchcap::GraphModule gm = torchcap::trace(*model, forward, {torch::randn({3, 4})});
+  torchcap::GraphModule gm = torchcap::trace(model, {torch::randn({3, 4})});
   std::cout << gm.graph().str();
 
   // Saved with its parameters, loaded back without the model's code, then

@@ -20,6 +20,7 @@
 #include <torchcap/graph_module.h>
 #include <torchcap/tracer.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,14 @@ GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IV
                            const TraceOptions& options = {});
 GraphModule export_program(const ModuleState& state, const TracedFunction& fn,
                            const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
+template <typename Holder, typename = typename Holder::ContainedType>
+GraphModule export_program(Holder& model, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options = {}) {
+  return export_program(
+      static_cast<torch::nn::Module&>(*model),
+      [&model](std::vector<c10::IValue> in) { return detail::call_forward(model, in); }, inputs,
+      options);
+}
 
 // The functionalizing re-trace of a traced graph, on `inputs` (its program's
 // arguments, as for Interpreter::run). `options.inference_mode` and
@@ -44,8 +53,10 @@ GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>&
 
 // Whether `g` is free of mutation and aliasing: no operator that writes an
 // argument (declared or not) and no view operator (one whose result aliases an
-// argument); `*_copy` operators are fine. On failure `problem`, if given,
-// names the first offending node.
-bool is_functional(const Graph& g, std::string* problem = nullptr);
+// argument); `*_copy` operators are fine.
+bool is_functional(const Graph& g);
+// The first node that makes `g` not functional, and why ("%add_ (aten::add_.Tensor)
+// writes its argument 'self'"), or nullopt.
+std::optional<std::string> find_mutation_or_view(const Graph& g);
 
 }  // namespace torchcap

@@ -39,21 +39,24 @@ class Graph {
 
   // --- Creating nodes, at the current insertion point -------------------------
 
-  // `name` must be a valid identifier; it becomes the placeholder's name if free.
-  Node* placeholder(const std::string& name);
+  // Every node gets a unique name that is a valid identifier. `name`, when
+  // given, is a suggestion: used if free, otherwise continued as a series
+  // (`add_1` taken: `add_2`); else the name derives from the target.
+
+  // `target` is the placeholder's target; its name too, unless `name` is given.
+  Node* placeholder(const std::string& target, const std::string& name = {});
   // `path` is a dotted attribute path ("layer1.0.conv1.weight").
-  Node* get_attr(const std::string& path);
+  Node* get_attr(const std::string& path, const std::string& name = {});
   // `op` is a qualified operator name with optional overload: "aten::addmm",
   // "aten::add.Tensor". Throws if no such operator is registered.
-  Node* call_function(const std::string& op, ArgumentList args, Kwargs kwargs = {});
-  Node* call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs = {});
+  Node* call_function(const std::string& op, ArgumentList args, Kwargs kwargs = {},
+                      const std::string& name = {});
+  Node* call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs = {},
+                      const std::string& name = {});
   // Output `index` of a node that produces several values.
-  Node* getitem(Node* value, int64_t index);
+  Node* getitem(Node* value, int64_t index, const std::string& name = {});
   // The graph's single output; `results` are its flattened values (nodes or none).
   Node* output(ArgumentList results);
-
-  // Name suggestion for the next node created (used if free), then cleared.
-  void set_next_name(std::string name) { next_name_ = std::move(name); }
 
   // --- Insertion point ------------------------------------------------------
 
@@ -145,7 +148,6 @@ class Graph {
   Node* root_;
   size_t size_ = 0;
   InsertPoint insert_point_;
-  std::string next_name_;
   std::unordered_map<std::string, Node*> by_name_;
   std::unordered_map<std::string, int64_t> name_counters_;
 };

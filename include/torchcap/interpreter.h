@@ -48,7 +48,7 @@ class Interpreter {
   // checked first against the placeholders' recorded metadata; one InputError
   // lists every mismatch. A failing operator throws RuntimeError naming the
   // node, its stack trace from the trace, and the original message.
-  c10::IValue run(const std::vector<c10::IValue>& inputs, RunStats* stats = nullptr) const;
+  c10::IValue run(const std::vector<c10::IValue>& inputs) const;
 
   // The same, on the flat list of input tensors; returns the flat user
   // outputs. An exported graph's mutation outputs (export.h) are not
@@ -56,14 +56,22 @@ class Interpreter {
   // as the program's own in-place writes would be (through autograd: version
   // counters are bumped, and under grad mode a leaf that requires grad is
   // refused with an InputError before anything runs).
-  std::vector<at::Tensor> run_flat(const std::vector<at::Tensor>& inputs,
-                                   RunStats* stats = nullptr) const;
+  std::vector<at::Tensor> run_flat(const std::vector<at::Tensor>& inputs) const;
+
+  // run(), with figures about the run.
+  struct Result {
+    c10::IValue outputs;
+    RunStats stats;
+  };
+  Result run_with_stats(const std::vector<c10::IValue>& inputs) const;
 
   size_t num_inputs() const;
   size_t num_outputs() const;
 
  private:
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs, RunStats& stats) const;
+  std::vector<at::Tensor> run_checked(const std::vector<at::Tensor>& inputs, RunStats& stats) const;
+  std::vector<at::Tensor> flatten_inputs(const std::vector<c10::IValue>& inputs) const;
 
   std::unique_ptr<const detail::InterpreterPlan> plan_;
 };

@@ -2,6 +2,7 @@
 // changed it (STYLE.md 10), and a pass manager that runs a list of them.
 #pragma once
 
+#include <torchcap/error.h>
 #include <torchcap/graph.h>
 #include <torchcap/graph_module.h>
 
@@ -33,9 +34,9 @@ bool eliminate_common_subexpressions(Graph& g);
 bool propagate_shapes(GraphModule& gm);
 
 // Thrown when a pass fails; says which pass and which ran before it.
-class PassError : public std::runtime_error {
+class PassError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 // Runs passes in order, optionally until none changes the graph (a

@@ -31,6 +31,9 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace torch {
@@ -95,35 +98,110 @@ std::vector<std::string> default_preserved_ops(bool inference_mode);
 // and dicts of them.
 using TracedFunction = std::function<c10::IValue(std::vector<c10::IValue>)>;
 
-// Traces `fn` on `inputs` (tensors, tuples, lists, dicts, none, scalars; scalars
-// are specialised into the graph). If `outputs` is given, it receives what `fn`
-// returned, with real tensors.
+// The named tensors of a program: its parameters and buffers, which a trace
+// records as get_attr nodes by these names. Tied tensors are one tensor
+// under several names: the first name is used.
+struct ModuleState {
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+
+  // A torch::nn module's, by qualified name ("layer1.0.conv1.weight").
+  static ModuleState of(torch::nn::Module& module);
+  // A TorchScript module's.
+  static ModuleState of(torch::jit::Module& module);
+};
+
+// Traces `fn` on `inputs` (tensors, tuples, lists, dicts, none, scalars;
+// scalars are specialised into the graph).
 GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                  const TraceOptions& options = {}, c10::IValue* outputs = nullptr);
+                  const TraceOptions& options = {});
+
+// Traces `fn`; the tensors of `state` become get_attr nodes by their names
+// (a Python module's state, say, or a C++ program's weights).
+GraphModule trace(const ModuleState& state, const TracedFunction& fn,
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
 
 // Traces `forward`, which calls `module`: the module's parameters and buffers
 // become get_attr nodes named by their qualified names ("layer1.0.conv1.weight").
 GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
-                  const std::vector<c10::IValue>& inputs, const TraceOptions& options = {},
-                  c10::IValue* outputs = nullptr);
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
 
-// The named tensors of a program that is neither a torch::nn nor a
-// TorchScript module (a Python module's state, say). Tied tensors are one
-// tensor under several names: the first name is used.
-struct ModuleState {
-  std::vector<std::pair<std::string, at::Tensor>> parameters;
-  std::vector<std::pair<std::string, at::Tensor>> buffers;
-};
-
-// Traces `fn`; the tensors of `state` become get_attr nodes by their names.
-GraphModule trace(const ModuleState& state, const TracedFunction& fn,
-                  const std::vector<c10::IValue>& inputs, const TraceOptions& options = {},
-                  c10::IValue* outputs = nullptr);
+// Traces a torch::nn module holder's `forward` (torch::nn::Linear, a
+// TORCH_MODULE of your own, torch::nn::Sequential): `inputs` are its
+// arguments, converted to the parameter types forward declares (tensors,
+// optional tensors, numbers). A forward that is a template or overloaded
+// (Sequential's) takes one tensor.
+//   auto gm = torchcap::trace(model, {torch::randn({1, 3, 224, 224})});
+template <typename Holder, typename = typename Holder::ContainedType>
+GraphModule trace(Holder& model, const std::vector<c10::IValue>& inputs,
+                  const TraceOptions& options = {});
 
 // Traces the `forward` method of a TorchScript module (torch::jit::load), with
 // the TorchScript executor's optimisations off so that the recorded operators
-// are the module's own.
+// are the module's own. Trailing arguments not given take their declared
+// defaults.
 GraphModule trace(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
-                  const TraceOptions& options = {}, c10::IValue* outputs = nullptr);
+                  const TraceOptions& options = {});
+
+// A graph and what the program returned while it was traced (real tensors).
+struct TraceResult {
+  GraphModule module;
+  c10::IValue outputs;
+};
+
+// The same traces, also returning the program's outputs.
+TraceResult trace_with_outputs(const ModuleState& state, const TracedFunction& fn,
+                               const std::vector<c10::IValue>& inputs,
+                               const TraceOptions& options = {});
+TraceResult trace_with_outputs(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
+                               const TraceOptions& options = {});
+
+namespace detail {
+
+template <typename T>
+struct ForwardSignature;
+template <typename R, typename C, typename... A>
+struct ForwardSignature<R (C::*)(A...)> {
+  using Arguments = std::tuple<std::decay_t<A>...>;
+};
+template <typename R, typename C, typename... A>
+struct ForwardSignature<R (C::*)(A...) const> : ForwardSignature<R (C::*)(A...)> {};
+
+template <typename Impl, typename = void>
+struct HasPlainForward : std::false_type {};
+template <typename Impl>
+struct HasPlainForward<Impl, std::void_t<decltype(&Impl::forward)>> : std::true_type {};
+
+[[noreturn]] void throw_forward_arity(size_t expected, size_t given);
+
+template <typename Holder, size_t... I>
+c10::IValue call_forward(Holder& model, const std::vector<c10::IValue>& in,
+                         std::index_sequence<I...>) {
+  using Arguments = typename ForwardSignature<decltype(&Holder::ContainedType::forward)>::Arguments;
+  if (in.size() != sizeof...(I)) throw_forward_arity(sizeof...(I), in.size());
+  return c10::IValue(model->forward(in[I].template to<std::tuple_element_t<I, Arguments>>()...));
+}
+
+template <typename Holder>
+c10::IValue call_forward(Holder& model, const std::vector<c10::IValue>& in) {
+  using Impl = typename Holder::ContainedType;
+  if constexpr (HasPlainForward<Impl>::value) {
+    using Arguments = typename ForwardSignature<decltype(&Impl::forward)>::Arguments;
+    return call_forward(model, in, std::make_index_sequence<std::tuple_size_v<Arguments>>());
+  } else {
+    if (in.size() != 1) throw_forward_arity(1, in.size());
+    return c10::IValue(model->forward(in[0].toTensor()));
+  }
+}
+
+}  // namespace detail
+
+template <typename Holder, typename>
+GraphModule trace(Holder& model, const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return trace(
+      static_cast<torch::nn::Module&>(*model),
+      [&model](std::vector<c10::IValue> in) { return detail::call_forward(model, in); }, inputs,
+      options);
+}
 
 }  // namespace torchcap

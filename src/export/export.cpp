@@ -15,10 +15,11 @@
 
 namespace torchcap {
 
-bool is_functional(const Graph& g, std::string* problem) {
+bool is_functional(const Graph& g) { return !find_mutation_or_view(g).has_value(); }
+
+std::optional<std::string> find_mutation_or_view(const Graph& g) {
   auto fail = [&](const Node* n, const std::string& why) {
-    if (problem != nullptr) *problem = "%" + n->name() + " (" + n->target() + ") " + why;
-    return false;
+    return "%" + n->name() + " (" + n->target() + ") " + why;
   };
   for (const Node* n : g) {
     if (!n->is_operator()) continue;
@@ -35,7 +36,7 @@ bool is_functional(const Graph& g, std::string* problem) {
       if (r.alias_info() != nullptr) return fail(n, "returns a view of its argument");
     }
   }
-  return true;
+  return std::nullopt;
 }
 
 namespace {

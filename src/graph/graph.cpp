@@ -155,9 +155,7 @@ void Graph::unlink(Node* n) {
 Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
                     std::optional<c10::OperatorHandle> handle, ArgumentList args,
                     Kwargs kwargs) {
-  std::string hint = next_name_.empty() ? name_hint : std::move(next_name_);
-  next_name_.clear();
-  std::string name = unique_name(hint);
+  std::string name = unique_name(name_hint);
   auto* n = new Node(this, op, name, std::move(target), std::move(handle));
   try {
     std::vector<Node*> inputs = n->collect_inputs(args, kwargs);
@@ -173,30 +171,32 @@ Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
   return n;
 }
 
-Node* Graph::placeholder(const std::string& name) {
-  return create(OpCode::Placeholder, name, name, std::nullopt, {}, {});
+Node* Graph::placeholder(const std::string& target, const std::string& name) {
+  return create(OpCode::Placeholder, name.empty() ? target : name, target, std::nullopt, {}, {});
 }
 
-Node* Graph::get_attr(const std::string& path) {
+Node* Graph::get_attr(const std::string& path, const std::string& name) {
   if (path.empty()) throw Error("get_attr: the attribute path is empty");
-  return create(OpCode::GetAttr, path, path, std::nullopt, {}, {});
+  return create(OpCode::GetAttr, name.empty() ? path : name, path, std::nullopt, {}, {});
 }
 
-Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwargs) {
-  c10::OperatorName name = detail::parse_operator_name(op);
-  auto handle = c10::Dispatcher::singleton().findSchema(name);
+Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwargs,
+                           const std::string& name) {
+  auto handle = c10::Dispatcher::singleton().findSchema(detail::parse_operator_name(op));
   if (!handle) throw Error("call_function: no operator " + op + " is registered");
-  return call_function(*handle, std::move(args), std::move(kwargs));
+  return call_function(*handle, std::move(args), std::move(kwargs), name);
 }
 
-Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs) {
-  const c10::OperatorName& name = op.operator_name();
-  return create(OpCode::CallFunction, detail::operator_stem(name), detail::qualified_name(name), op,
-                std::move(args), std::move(kwargs));
+Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs,
+                           const std::string& name) {
+  const c10::OperatorName& op_name = op.operator_name();
+  return create(OpCode::CallFunction, name.empty() ? detail::operator_stem(op_name) : name,
+                detail::qualified_name(op_name), op, std::move(args), std::move(kwargs));
 }
 
-Node* Graph::getitem(Node* value, int64_t index) {
-  return create(OpCode::CallFunction, kGetItem, kGetItem, std::nullopt, {value, index}, {});
+Node* Graph::getitem(Node* value, int64_t index, const std::string& name) {
+  return create(OpCode::CallFunction, name.empty() ? std::string(kGetItem) : name, kGetItem,
+                std::nullopt, {value, index}, {});
 }
 
 Node* Graph::output(ArgumentList results) {

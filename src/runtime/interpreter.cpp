@@ -476,8 +476,8 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
   return out;
 }
 
-std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs,
-                                              RunStats* stats) const {
+std::vector<at::Tensor> Interpreter::run_checked(const std::vector<at::Tensor>& inputs,
+                                                 RunStats& stats) const {
   const detail::InterpreterPlan& plan = *plan_;
   check_inputs(plan, inputs);
   // Note [Concurrent runs that update buffers]
@@ -488,8 +488,7 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
   std::unique_lock<std::mutex> buffers(plan.buffer_updates, std::defer_lock);
   if (plan.updates_buffers) buffers.lock();
   check_write_targets(plan, inputs);
-  RunStats local;
-  std::vector<at::Tensor> out = execute(inputs, stats != nullptr ? *stats : local);
+  std::vector<at::Tensor> out = execute(inputs, stats);
   // Writes the program made, which the exported graph returns as values
   // (export.h): applied now, so a run has the program's effect (Note
   // [Writing back like the program would]).
@@ -502,16 +501,29 @@ std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inp
   return out;
 }
 
-c10::IValue Interpreter::run(const std::vector<c10::IValue>& inputs, RunStats* stats) const {
-  const detail::InterpreterPlan& plan = *plan_;
+std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs) const {
+  RunStats stats;
+  return run_checked(inputs, stats);
+}
+
+std::vector<at::Tensor> Interpreter::flatten_inputs(const std::vector<c10::IValue>& inputs) const {
   std::vector<c10::IValue> leaves =
-      plan.in_spec.flatten_like(c10::ivalue::Tuple::create(inputs), "input");
+      plan_->in_spec.flatten_like(c10::ivalue::Tuple::create(inputs), "input");
   std::vector<at::Tensor> tensors;
   tensors.reserve(leaves.size());
   for (const c10::IValue& v : leaves) tensors.push_back(v.toTensor());
-  std::vector<at::Tensor> outs = run_flat(tensors, stats);
-  std::vector<c10::IValue> out_values(outs.begin(), outs.end());
-  return plan.out_spec.unflatten(out_values);
+  return tensors;
+}
+
+c10::IValue Interpreter::run(const std::vector<c10::IValue>& inputs) const {
+  return run_with_stats(inputs).outputs;
+}
+
+Interpreter::Result Interpreter::run_with_stats(const std::vector<c10::IValue>& inputs) const {
+  Result result;
+  std::vector<at::Tensor> outs = run_checked(flatten_inputs(inputs), result.stats);
+  result.outputs = plan_->out_spec.unflatten(std::vector<c10::IValue>(outs.begin(), outs.end()));
+  return result;
 }
 
 }  // namespace torchcap

@@ -8,7 +8,7 @@
 // function sees it; no count read from the file is used to reserve memory;
 // tensors are views of the file's bytes, so their sizes cost nothing until
 // read. The graph is built with the same API a user has (Graph::call_function
-// resolves the operator, names are kept by set_next_name) and each node is
+// resolves the operator, names are kept) and each node is
 // checked against its schema as it is made, so the first problem is reported
 // with the byte where its node starts.
 #include <torchcap/error.h>
@@ -819,23 +819,22 @@ class Reader {
       auto no_arguments = [&](const char* what) {
         if (!args.empty() || !kwargs.empty()) fail(w, root, std::string(what) + " takes no arguments");
       };
-      g.set_next_name(name);
       Node* n = nullptr;
       try {
         if (op == "placeholder") {
           no_arguments("a placeholder");
           if (target.empty()) fail(w, root.at("target"), "the placeholder's target is empty");
-          n = g.placeholder(target);
+          n = g.placeholder(target, name);
         } else if (op == "get_attr") {
           no_arguments("get_attr");
-          n = g.get_attr(target);
+          n = g.get_attr(target, name);
         } else if (op == "call_function" && target == kGetItem) {
           if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
             fail(w, root.at("args"), "getitem takes (node, index)");
           }
-          n = g.getitem(args[0].to_node(), args[1].to_int());
+          n = g.getitem(args[0].to_node(), args[1].to_int(), name);
         } else if (op == "call_function") {
-          n = g.call_function(target, std::move(args), std::move(kwargs));
+          n = g.call_function(target, std::move(args), std::move(kwargs), name);
         } else if (op == "output") {
           if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
             fail(w, root.at("args"), "the output takes one argument, the list of results");

@@ -101,12 +101,10 @@ class TraceScope {
 // Named tensors by identity; tied tensors keep the first name.
 std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleState& state);
 
-// Traces `fn` on `inputs`; `module_tensors` name the program's parameters and
+// Traces `fn` on `inputs`; `state` names the program's parameters and
 // buffers. Every public trace() ends here.
-GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                      const TraceOptions& options,
-                      std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors,
-                      c10::IValue* outputs);
+TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                      const TraceOptions& options, const ModuleState& state);
 
 // The dispatch setup a trace runs under, the first trace and export's
 // re-trace alike: no grad; inference mode when asked, with view tracking

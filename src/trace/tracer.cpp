@@ -211,12 +211,10 @@ std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleSt
   return named;
 }
 
-GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                      const TraceOptions& options,
-                      std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors,
-                      c10::IValue* outputs) {
+TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                      const TraceOptions& options, const ModuleState& state) {
   ensure_tracer_registered();
-  TraceState st(options, std::move(module_tensors));
+  TraceState st(options, module_tensors(state));
   Graph& g = st.graph();
 
   // Inputs: one immutable placeholder per tensor, in flattening order.
@@ -265,37 +263,45 @@ GraphModule run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
       results.emplace_back(st.node_for(out_leaves[i], "output " + std::to_string(i)));
     }
   }
-  const size_t num_results = results.size();
   g.output(std::move(results));
-  if (outputs != nullptr) *outputs = unwrap_all(result);
 
-  GraphModule gm = std::move(st.module());
-  gm.in_spec = std::move(in_spec);
-  gm.out_spec = std::move(out_spec);
-  gm.output_specs.assign(num_results, OutputSpec{});
-  return gm;
+  TraceResult traced{std::move(st.module()), unwrap_all(result)};
+  traced.module.set_specs(std::move(in_spec), std::move(out_spec));
+  return traced;
+}
+
+void throw_forward_arity(size_t expected, size_t given) {
+  throw InputError("the module's forward takes " + std::to_string(expected) + " argument(s), got " +
+                   std::to_string(given) + " input(s)");
 }
 
 }  // namespace detail
 
-GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                  const TraceOptions& options, c10::IValue* outputs) {
-  return detail::run_trace(fn, inputs, options, {}, outputs);
-}
-
-GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
-                  const std::vector<c10::IValue>& inputs, const TraceOptions& options,
-                  c10::IValue* outputs) {
+ModuleState ModuleState::of(torch::nn::Module& module) {
   ModuleState state;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) state.parameters.emplace_back(p.key(), p.value());
   for (const auto& b : module.named_buffers(/*recurse=*/true)) state.buffers.emplace_back(b.key(), b.value());
-  return trace(state, forward, inputs, options, outputs);
+  return state;
+}
+
+GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                  const TraceOptions& options) {
+  return detail::run_trace(fn, inputs, options, {}).module;
 }
 
 GraphModule trace(const ModuleState& state, const TracedFunction& fn,
-                  const std::vector<c10::IValue>& inputs, const TraceOptions& options,
-                  c10::IValue* outputs) {
-  return detail::run_trace(fn, inputs, options, detail::module_tensors(state), outputs);
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return detail::run_trace(fn, inputs, options, state).module;
+}
+
+GraphModule trace(torch::nn::Module& module, const TracedFunction& forward,
+                  const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return detail::run_trace(forward, inputs, options, ModuleState::of(module)).module;
+}
+
+TraceResult trace_with_outputs(const ModuleState& state, const TracedFunction& fn,
+                               const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  return detail::run_trace(fn, inputs, options, state);
 }
 
 }  // namespace torchcap
