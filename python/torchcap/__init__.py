@@ -1,13 +1,21 @@
-"""torchcap's Python side: open graphs captured and saved in C++.
+"""torchcap's Python side: trace Python programs with the C++ tracer, and open
+graphs captured and saved in C++.
 
     import torchcap
-    gm = torchcap.load("model.tcg")   # a torch.fx.GraphModule
+    gm = torchcap.trace(model, (x,))   # a torch.fx.GraphModule of aten ops
+    ep = torchcap.export(model, (x,))  # functional; buffer writes kept
+    torchcap.save(ep, "model.tcg")     # torchcap::load + Interpreter run it in C++
+    gm = torchcap.load("model.tcg")    # a torch.fx.GraphModule
     out = gm(x)
 
-The package is pure Python; it needs only torch (1.13) and reads the `.tcg`
-format described in docs/FORMAT.md.
+Tracing needs the compiled part, torchcap._C. The loader is pure Python; it
+needs only torch (1.13) and reads the `.tcg` format described in
+docs/FORMAT.md.
 """
 
+from torchcap._errors import Error, TraceError
 from torchcap._load import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION, load
+from torchcap._trace import dispatch_trace, export, save, trace
 
-__all__ = ["load", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]
+__all__ = ["trace", "export", "dispatch_trace", "save", "load", "Error", "TraceError",
+           "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]

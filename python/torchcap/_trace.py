@@ -1,0 +1,359 @@
+"""Tracing Python programs with torchcap's C++ tracer (torchcap._C).
+
+    gm = torchcap.trace(model, (x,))          # a torch.fx.GraphModule of aten ops
+    ep = torchcap.export(model, (x,))         # functional, with the program's writes
+    torchcap.save(gm, "model.tcg")            # for torchcap::load + Interpreter in C++
+
+The tracer runs the program once for real: the tensors it is given are
+wrapped so that every aten operator they reach is recorded, in C++, at about
+the cost of running the operator. The result goes through the file format
+(structure only) and torchcap.load to become a torch.fx.GraphModule whose
+attributes are the module's own parameters and buffers.
+"""
+
+import os
+import tempfile
+import threading
+
+import torch
+import torch.nn
+import torch.utils._pytree as pytree
+
+from torchcap._errors import Error, TraceError
+from torchcap._load import TorchcapCodeGen, load
+
+try:
+    from torchcap import _C
+except ImportError as e:  # the package works as a loader without its compiled part
+    _C = None
+    _C_IMPORT_ERROR = e
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_TORCHCAP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames in these files are the tracer's and torch's own: stack traces skip them.
+_INTERNAL_DIRS = [_TORCH_DIR, _TORCHCAP_DIR]
+
+# Messages of torchcap's C++ errors raised inside an operator: torch's Python
+# bindings turn them into RuntimeError on their way out, so they are recognised
+# by their text and raised again as TraceError.
+_TRACE_ERROR_PHRASES = (
+    "reads a tensor's value into C++",
+    "Immutable tensor `",
+    "; a graph cannot express that mutation",
+    "which torchcap cannot record",
+    "traced tensor",
+    "traces do not nest",
+)
+# The C++ option names in those messages, as the Python API spells them.
+_OPTION_NAMES = {
+    "TraceOptions::allow_data_dependent_values": "allow_data_dependent_values=True",
+    "TraceOptions::allow_input_mutation": "allow_input_mutation=True",
+    "TraceOptions::preserve": "preserve",
+    "torch::where": "torch.where",
+    "torchcap::trace": "torchcap.trace",
+}
+
+
+def _require_C():
+    if _C is None:
+        raise ImportError("torchcap's compiled part (torchcap._C) is not available; tracing "
+                          "needs it (torchcap.load does not): " + str(_C_IMPORT_ERROR))
+
+
+# --- Module stacks -----------------------------------------------------------
+# Global forward hooks, installed while at least one trace runs, tell the
+# tracing thread's trace which module's forward starts and ends.
+
+_hooks_lock = threading.Lock()
+_hooks_users = 0
+_hooks_handles = ()
+_local = threading.local()
+
+
+def _pre_hook(module, args):
+    names = getattr(_local, "modules", None)
+    if names is not None:
+        entry = names.get(id(module))
+        if entry is not None:
+            _C._enter_module(*entry)
+
+
+def _post_hook(module, args, output):
+    names = getattr(_local, "modules", None)
+    if names is not None and id(module) in names:
+        _C._exit_module()
+
+
+class _ModuleStackHooks:
+    def __init__(self, root):
+        # id -> (qualified path, class); the root itself is not on the stack.
+        self.names = {}
+        if root is not None:
+            for name, m in root.named_modules():
+                if name:
+                    cls = type(m)
+                    self.names[id(m)] = (name, f"{cls.__module__}.{cls.__qualname__}")
+
+    def __enter__(self):
+        global _hooks_users, _hooks_handles
+        with _hooks_lock:
+            if _hooks_users == 0:
+                from torch.nn.modules.module import (register_module_forward_hook,
+                                                     register_module_forward_pre_hook)
+                _hooks_handles = (register_module_forward_pre_hook(_pre_hook),
+                                  register_module_forward_hook(_post_hook))
+            _hooks_users += 1
+        self.previous = getattr(_local, "modules", None)
+        _local.modules = self.names
+        return self
+
+    def __exit__(self, *exc):
+        global _hooks_users, _hooks_handles
+        _local.modules = self.previous
+        with _hooks_lock:
+            _hooks_users -= 1
+            if _hooks_users == 0:
+                for h in _hooks_handles:
+                    h.remove()
+                _hooks_handles = ()
+
+
+# --- Errors --------------------------------------------------------------------
+
+def _user_frame(tb):
+    """(file, line, function, code) of the innermost frame of `tb` outside torch and torchcap."""
+    import linecache
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not any(code.co_filename.startswith(d) for d in _INTERNAL_DIRS):
+            found = (code.co_filename, tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    if found is None:
+        return None
+    return found + (linecache.getline(found[0], found[1]).strip(),)
+
+
+def _python_message(message):
+    for cpp, py in _OPTION_NAMES.items():
+        message = message.replace(cpp, py)
+    return message
+
+
+def _as_trace_error(e):
+    """A TraceError for a torchcap error raised through torch's bindings, or None."""
+    if type(e) is not RuntimeError:
+        return None
+    message = str(e)
+    if not any(p in message for p in _TRACE_ERROR_PHRASES):
+        return None
+    message = _python_message(message)
+    where = _user_frame(e.__traceback__)
+    if where is not None:
+        file, line, function, code = where
+        message += f'\n  File "{file}", line {line}, in {function}'
+        if code:
+            message += f"\n    {code}"
+    return TraceError(message)
+
+
+# --- Tracing ---------------------------------------------------------------------
+
+def _module_of(f):
+    if isinstance(f, torch.nn.Module):
+        return f
+    owner = getattr(f, "__self__", None)  # a bound method of a module
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _check_args(args, kwargs):
+    if isinstance(args, list):
+        args = tuple(args)
+    if not isinstance(args, tuple):
+        raise TypeError(f"args must be a tuple of the program's positional arguments, not a "
+                        f"{type(args).__name__}; for one tensor write (x,)")
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict, not a {type(kwargs).__name__}")
+    for k in kwargs:
+        if not isinstance(k, str) or not k.isidentifier() or k == "self":
+            raise TypeError(f"kwargs: {k!r} is not a keyword argument name")
+    return args, kwargs
+
+
+def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
+             allow_data_dependent_values, record_stack_traces):
+    _require_C()
+    if not callable(f):
+        raise TypeError(f"torchcap: f must be an nn.Module or a callable, not a "
+                        f"{type(f).__name__}")
+    args, kwargs = _check_args(args, kwargs)
+    module = _module_of(f)
+    parameters = list(module.named_parameters()) if module is not None else []
+    buffers = list(module.named_buffers()) if module is not None else []
+    if preserve is not None:
+        preserve = [p if "::" in p else "aten::" + p for p in
+                    (str(op).replace("aten.", "aten::", 1) for op in preserve)]
+    out_spec = []
+
+    def call(*a, **k):
+        out = f(*a, **k)
+        out_spec.append(pytree.tree_flatten(out)[1])
+        return out
+
+    try:
+        with _ModuleStackHooks(module if record_stack_traces else None):
+            graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
+                             allow_input_mutation, allow_data_dependent_values,
+                             record_stack_traces, _INTERNAL_DIRS)
+    except RuntimeError as e:
+        error = _as_trace_error(e)
+        if error is None:
+            raise
+        raise error.with_traceback(e.__traceback__) from None
+    gm = _to_fx(graph, kwargs)
+    gm.in_spec = pytree.tree_flatten((args, kwargs))[1]
+    gm.out_spec = out_spec[0] if out_spec else None
+    return gm
+
+
+class _KeywordCodeGen(TorchcapCodeGen):
+    """forward(self, <positional>, *, <keywords>): the program's keyword
+    arguments, which the graph takes as one trailing dict argument."""
+
+    def __init__(self, base, keywords):
+        super().__init__(base.in_spec, base.out_spec, base.mutations, base.placeholders)
+        self.keywords = list(keywords)
+
+    def gen_fn_def(self, free_vars, maybe_return_annotation):
+        text = super().gen_fn_def(free_vars, maybe_return_annotation)
+        head, _, body = text.partition("\n")
+        params = head[head.index("(") + 1:head.rindex(")")].split(", ")
+        packed = params.pop()  # the dict parameter
+        taken = set(params)
+        for k in self.keywords:
+            if k in taken:
+                raise TraceError(f"keyword argument '{k}' has the name of a positional "
+                                 f"parameter of the graph; pass it positionally")
+        head = (f"def forward({', '.join(params + ['*'] + self.keywords)})"
+                f"{maybe_return_annotation}:")
+        pack = ", ".join(f"{k!r}: {k}" for k in self.keywords)
+        return "\n".join([head, f"    {packed} = {{{pack}}}"] + ([body] if body else []))
+
+    def process_inputs(self, *args, **kwargs):
+        return super().process_inputs(*args, kwargs) if self.keywords else \
+            super().process_inputs(*args)
+
+
+def _set_tensor(gm, name, tensor, is_parameter):
+    owner_path, _, leaf = name.rpartition(".")
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    if is_parameter and isinstance(tensor, torch.nn.Parameter):
+        owner._parameters[leaf] = tensor
+        owner._buffers.pop(leaf, None)
+    else:
+        owner._parameters.pop(leaf, None)
+        owner._buffers[leaf] = tensor
+
+
+def _to_fx(graph, kwargs):
+    """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors."""
+    fd, path = tempfile.mkstemp(suffix=".tcg")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(graph.structure())
+        gm = load(path, verify_checksums=False)
+    finally:
+        os.unlink(path)
+    # The loaded attributes are empty: the traced tensors take their places.
+    # Those are the module's own parameters and buffers (the same objects),
+    # except buffers the program wrote, of which the graph keeps the values
+    # from before the trace (the trace ran the program, which updated the
+    # module's own).
+    for name, kind, tensor in graph.attributes():
+        _set_tensor(gm, name, tensor, kind == "parameter")
+
+    meta = graph.node_meta()
+    for node in gm.graph.nodes:
+        if "tensor_meta" in node.meta:
+            node.meta["val"] = node.meta["tensor_meta"]
+        entry = meta.get(node.name)
+        if entry is None:
+            continue
+        stack, modules = entry
+        if stack is not None:
+            node.meta["stack_trace"] = stack
+        if modules:
+            node.meta["nn_module_stack"] = {path: (path, cls) for path, cls in modules}
+    if kwargs:
+        gm.graph.set_codegen(_KeywordCodeGen(gm.graph._codegen, kwargs.keys()))
+    gm.recompile()
+    gm._torchcap_graph = graph
+    gm._torchcap_code = gm.code
+    return gm
+
+
+def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,
+          allow_data_dependent_values=False, record_stack_traces=True):
+    """Runs f(*args, **kwargs) once and returns the aten operators it ran as a torch.fx.GraphModule.
+
+    f: an nn.Module or any callable. Its parameters and buffers (those of the
+    module, or of the module a bound method belongs to) become get_attr nodes
+    by qualified name; other tensors it reads are lifted as _tensor_constantN.
+    args, kwargs: pytrees (tuples, lists, dicts) of tensors and scalars;
+    tensors become placeholders, scalars are specialised. The result takes
+    the same arguments and returns the same structure as f.
+
+    inference: run under torch.inference_mode, where `preserve` operators
+    (default aten::linear, aten::layer_norm) are recorded whole.
+    allow_input_mutation: let f write to its inputs (on copies during the
+    trace; the graph records the writes). allow_data_dependent_values: let f
+    read tensor values into Python (.item(), `if t.sum() > 0`), baking them in.
+    record_stack_traces: node.meta["stack_trace"] with f's Python frames and
+    node.meta["nn_module_stack"].
+
+    Raises TraceError when the program cannot be traced; exceptions f raises
+    propagate unchanged.
+    """
+    return _capture(f, args, kwargs, False, inference, preserve, allow_input_mutation,
+                    allow_data_dependent_values, record_stack_traces)
+
+
+def export(f, args, kwargs=None, *, inference=False, preserve=None,
+           allow_data_dependent_values=False, record_stack_traces=True):
+    """trace, then dead-code elimination and a functionalizing re-trace.
+
+    The graph has no in-place or view operators. Writes the program makes to
+    its buffers (BatchNorm's running statistics in train mode) and inputs are
+    extra outputs of the graph, written back when the module runs, so calling
+    the result has the program's effect.
+    """
+    return _capture(f, args, kwargs, True, inference, preserve, True,
+                    allow_data_dependent_values, record_stack_traces)
+
+
+def dispatch_trace(f, args):
+    """Upstream's name for export(f, args)."""
+    return export(f, args)
+
+
+def save(gm, path):
+    """Writes a graph made by torchcap.trace or torchcap.export to a `.tcg` file,
+    which torchcap::load (C++) and torchcap.load read. The module's current
+    tensors are written."""
+    graph = getattr(gm, "_torchcap_graph", None)
+    if graph is None:
+        raise Error("torchcap.save: this GraphModule was not made by torchcap.trace or "
+                    "torchcap.export; only those can be saved")
+    if gm.code != gm._torchcap_code:
+        raise Error("torchcap.save: the graph was changed after it was traced; torchcap.save "
+                    "writes graphs as traced")
+    tensors = []
+    for name, _, _ in graph.attributes():
+        owner_path, _, leaf = name.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        t = getattr(owner, leaf)
+        if not isinstance(t, torch.Tensor):
+            raise Error(f"torchcap.save: attribute '{name}' is not a tensor any more")
+        tensors.append((name, t))
+    graph.save(os.fspath(path), tensors)

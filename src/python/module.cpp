@@ -1,0 +1,309 @@
+// torchcap._C: the C++ tracer for Python programs.
+//
+// _C.trace calls torchcap::trace (or export_program) with a TracedFunction
+// that calls the Python callable: the traced tensors cross into Python as
+// ordinary torch.Tensors and come back with the result. The GIL is released
+// while the tracer runs and taken again only to run Python (the callable,
+// and locate_source for each node's Python stack trace), so other Python
+// threads run, and trace, meanwhile.
+//
+// The Python front end (torchcap/_trace.py) turns the returned GraphModule
+// into a torch.fx.GraphModule through the file format: `structure()` gives
+// the graph as `.tcg` bytes without tensor data, which torchcap.load reads;
+// the attributes are then set to the tensors themselves.
+#include "python/python_source.h"
+
+#include <torchcap/error.h>
+#include <torchcap/export.h>
+#include <torchcap/graph_module.h>
+#include <torchcap/serialize.h>
+#include <torchcap/tracer.h>
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torchcap::python {
+namespace {
+
+// torchcap.Error and torchcap.TraceError (torchcap/_errors.py).
+py::object error_class(const char* name) {
+  return py::module_::import("torchcap._errors").attr(name);
+}
+
+[[noreturn]] void throw_trace_error(const std::string& message) {
+  PyErr_SetString(error_class("TraceError").ptr(), message.c_str());
+  throw py::error_already_set();
+}
+
+std::string type_name(py::handle obj) {
+  return py::str(py::type::handle_of(obj).attr("__qualname__")).cast<std::string>();
+}
+
+// A Python argument or result as an IValue: tensors, None, bool, int, float,
+// str, and tuples (named ones too), lists and dicts (str or int keys) of them.
+c10::IValue to_ivalue(py::handle obj, const std::string& path) {
+  PyObject* p = obj.ptr();
+  if (THPVariable_Check(p)) return THPVariable_Unpack(p);
+  if (obj.is_none()) return c10::IValue();
+  if (PyBool_Check(p)) return c10::IValue(p == Py_True);
+  if (PyLong_Check(p)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+    if (overflow != 0) throw_trace_error(path + ": the int " + py::str(obj).cast<std::string>() +
+                                         " does not fit in 64 bits");
+    return c10::IValue(static_cast<int64_t>(v));
+  }
+  if (PyFloat_Check(p)) return c10::IValue(PyFloat_AS_DOUBLE(p));
+  if (PyUnicode_Check(p)) return c10::IValue(obj.cast<std::string>());
+  if (PyTuple_Check(p)) {
+    auto t = py::reinterpret_borrow<py::tuple>(obj);
+    std::vector<c10::IValue> elements;
+    elements.reserve(t.size());
+    for (size_t i = 0; i < t.size(); ++i) {
+      elements.push_back(to_ivalue(t[i], path + "[" + std::to_string(i) + "]"));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  if (PyList_Check(p)) {
+    auto l = py::reinterpret_borrow<py::list>(obj);
+    c10::impl::GenericList list(c10::AnyType::get());
+    list.reserve(l.size());
+    for (size_t i = 0; i < l.size(); ++i) {
+      list.push_back(to_ivalue(l[i], path + "[" + std::to_string(i) + "]"));
+    }
+    return list;
+  }
+  if (PyDict_Check(p)) {
+    auto d = py::reinterpret_borrow<py::dict>(obj);
+    std::optional<c10::impl::GenericDict> dict;
+    for (auto [k, v] : d) {
+      bool str_key = PyUnicode_Check(k.ptr());
+      bool int_key = PyLong_Check(k.ptr()) && !PyBool_Check(k.ptr());
+      std::string key_text = py::repr(k).cast<std::string>();
+      if (!str_key && !int_key) {
+        throw_trace_error(path + ": dict keys must be str or int, got the " + type_name(k) + " " +
+                          key_text);
+      }
+      if (!dict) {
+        c10::TypePtr key_type = str_key ? c10::TypePtr(c10::StringType::get())
+                                        : c10::TypePtr(c10::IntType::get());
+        dict.emplace(key_type, c10::AnyType::get());
+      }
+      if (str_key != (dict->keyType()->kind() == c10::TypeKind::StringType)) {
+        throw_trace_error(path + ": dict keys must be all str or all int, got " + key_text);
+      }
+      dict->insert(to_ivalue(k, path), to_ivalue(v, path + "[" + key_text + "]"));
+    }
+    if (!dict) dict.emplace(c10::TypePtr(c10::StringType::get()), c10::AnyType::get());
+    return *dict;
+  }
+  throw_trace_error(path + ": torchcap cannot trace a value of type " + type_name(obj) +
+                    "; arguments and results are tensors, None, bool, int, float, str, and "
+                    "tuples, lists and dicts of them");
+}
+
+// The state of a traced module: its parameters and buffers by qualified name,
+// as (name, tensor) pairs from named_parameters() and named_buffers().
+ModuleState module_state(const std::vector<std::pair<std::string, py::object>>& parameters,
+                         const std::vector<std::pair<std::string, py::object>>& buffers) {
+  ModuleState state;
+  for (const auto& [name, t] : parameters) {
+    state.parameters.emplace_back(name, THPVariable_Unpack(t.ptr()));
+  }
+  for (const auto& [name, t] : buffers) {
+    state.buffers.emplace_back(name, THPVariable_Unpack(t.ptr()));
+  }
+  return state;
+}
+
+struct TraceRequest {
+  py::object fn;
+  std::vector<std::pair<std::string, py::object>> parameters;
+  std::vector<std::pair<std::string, py::object>> buffers;
+  py::tuple args;
+  py::dict kwargs;
+  bool export_program = false;
+  bool inference = false;
+  std::optional<std::vector<std::string>> preserve;
+  bool allow_input_mutation = false;
+  bool allow_data_dependent_values = false;
+  bool record_stack_traces = true;
+  std::vector<std::string> internal_dirs;
+};
+
+std::unique_ptr<GraphModule> run(TraceRequest& r) {
+  ModuleState state = module_state(r.parameters, r.buffers);
+  std::vector<c10::IValue> inputs;
+  for (size_t i = 0; i < r.args.size(); ++i) {
+    inputs.push_back(to_ivalue(r.args[i], "args[" + std::to_string(i) + "]"));
+  }
+  // Keyword arguments travel as one trailing dict input.
+  const bool has_kwargs = !r.kwargs.empty();
+  if (has_kwargs) inputs.push_back(to_ivalue(r.kwargs, "kwargs"));
+
+  PyFrameObject* caller = PyThreadState_GetFrame(PyThreadState_Get());
+  PythonSource source(r.internal_dirs, py::reinterpret_steal<py::object>(
+                                           reinterpret_cast<PyObject*>(caller)));
+  PythonSource::Scope scope(&source);
+
+  TraceOptions options;
+  options.inference_mode = r.inference;
+  options.preserve = r.preserve;
+  options.allow_input_mutation = r.allow_input_mutation;
+  options.allow_data_dependent_values = r.allow_data_dependent_values;
+  options.record_stack_traces = r.record_stack_traces;
+  if (r.record_stack_traces) {
+    options.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
+  }
+
+  TracedFunction fn = [&r, has_kwargs](std::vector<c10::IValue> in) -> c10::IValue {
+    py::gil_scoped_acquire gil;
+    size_t positional = in.size() - (has_kwargs ? 1 : 0);
+    py::tuple args(positional);
+    for (size_t i = 0; i < positional; ++i) args[i] = torch::jit::toPyObject(std::move(in[i]));
+    py::object out;
+    if (has_kwargs) {
+      out = r.fn(*args, **torch::jit::toPyObject(std::move(in.back())));
+    } else {
+      out = r.fn(*args);
+    }
+    return to_ivalue(out, "output");
+  };
+
+  py::gil_scoped_release no_gil;
+  GraphModule gm = r.export_program ? export_program(state, fn, inputs, options)
+                                    : trace(state, fn, inputs, options);
+  return std::make_unique<GraphModule>(std::move(gm));
+}
+
+// The graph as `.tcg` bytes, with every attribute an empty tensor of its
+// dtype: torchcap.load reads the structure, the tensors are set afterwards.
+py::bytes structure(const GraphModule& gm) {
+  GraphModule copy = gm.clone();
+  for (const Attribute& a : gm.attributes()) {
+    copy.set_attribute(a.name, at::empty({0}, a.value.options()), a.kind);
+  }
+  std::string bytes;
+  {
+    py::gil_scoped_release no_gil;
+    bytes = save_to_string(copy);
+  }
+  return py::bytes(bytes);
+}
+
+py::list attributes(const GraphModule& gm) {
+  py::list out;
+  for (const Attribute& a : gm.attributes()) {
+    out.append(py::make_tuple(a.name, attribute_kind_name(a.kind),
+                              py::reinterpret_steal<py::object>(THPVariable_Wrap(a.value))));
+  }
+  return out;
+}
+
+// name -> (stack_trace text or None, [(module path, module class), ...]) for
+// nodes that have either.
+py::dict node_meta(const GraphModule& gm) {
+  py::dict out;
+  std::unordered_map<const void*, py::object> texts;  // one string per shared stack
+  for (const Node* n : gm.graph().nodes()) {
+    const NodeMeta& m = n->meta();
+    bool has_stack = !m.stack_trace.empty();
+    if (!has_stack && m.module_stack.empty()) continue;
+    py::object text = py::none();
+    if (has_stack) {
+      const void* key = &m.stack_trace.frames();
+      auto it = texts.find(key);
+      if (it == texts.end()) it = texts.emplace(key, py::str(m.stack_trace.str())).first;
+      text = it->second;
+    }
+    py::list modules;
+    for (const ModuleFrame& f : m.module_stack.frames()) modules.append(py::make_tuple(f.path, f.type));
+    out[py::str(n->name())] = py::make_tuple(text, modules);
+  }
+  return out;
+}
+
+// Saves `gm` with the given attribute values (the torch.fx module's current
+// tensors, which may have been replaced since the trace).
+void save_with(const GraphModule& gm, const std::string& path,
+               const std::vector<std::pair<std::string, py::object>>& tensors) {
+  GraphModule copy = gm.clone();
+  for (const auto& [name, t] : tensors) {
+    const Attribute& a = gm.attribute(name);
+    copy.set_attribute(name, THPVariable_Unpack(t.ptr()), a.kind);
+  }
+  py::gil_scoped_release no_gil;
+  save(copy, path);
+}
+
+}  // namespace
+}  // namespace torchcap::python
+
+PYBIND11_MODULE(_C, m) {
+  namespace py = pybind11;
+  using namespace torchcap;
+  using namespace torchcap::python;
+  m.doc() = "torchcap's C++ tracer, for Python programs (use the functions of torchcap)";
+
+  // torchcap::Error subclasses become torchcap's Python exceptions, with the
+  // C++ message. Tracing problems are TraceError, the rest Error.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const torchcap::TraceError& e) {
+      PyErr_SetString(error_class("TraceError").ptr(), e.what());
+    } catch (const torchcap::TypeError& e) {
+      PyErr_SetString(error_class("TraceError").ptr(), e.what());
+    } catch (const torchcap::Error& e) {
+      PyErr_SetString(error_class("Error").ptr(), e.what());
+    }
+  });
+
+  py::class_<GraphModule>(m, "GraphModule")
+      .def("structure", &structure)
+      .def("attributes", &attributes)
+      .def("node_meta", &node_meta)
+      .def("save", &save_with)
+      .def("num_nodes", [](const GraphModule& gm) { return gm.graph().size(); })
+      .def("__str__", [](const GraphModule& gm) { return gm.str(); })
+      .def("code_with_source", [](const GraphModule& gm) { return gm.str(true); })
+      // The C++ module is immutable once made: copies of a torch.fx module share it.
+      .def("__copy__", [](py::object self) { return self; })
+      .def("__deepcopy__", [](py::object self, py::object) { return self; });
+
+  m.def(
+      "trace",
+      [](py::object fn, std::vector<std::pair<std::string, py::object>> parameters,
+         std::vector<std::pair<std::string, py::object>> buffers, py::tuple args, py::dict kwargs,
+         bool export_program, bool inference, std::optional<std::vector<std::string>> preserve,
+         bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
+         std::vector<std::string> internal_dirs) {
+        TraceRequest r{std::move(fn),          std::move(parameters),
+                       std::move(buffers),     std::move(args),
+                       std::move(kwargs),      export_program,
+                       inference,              std::move(preserve),
+                       allow_input_mutation,   allow_data_dependent_values,
+                       record_stack_traces,    std::move(internal_dirs)};
+        return run(r);
+      },
+      py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
+      py::arg("export_program"), py::arg("inference"), py::arg("preserve"),
+      py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
+      py::arg("record_stack_traces"), py::arg("internal_dirs"));
+
+  // Module forward hooks report the module stack of the thread's trace.
+  m.def("_enter_module", [](std::string path, std::string type) {
+    if (PythonSource* s = PythonSource::current()) s->enter_module(std::move(path), std::move(type));
+  });
+  m.def("_exit_module", [] {
+    if (PythonSource* s = PythonSource::current()) s->exit_module();
+  });
+}

@@ -1,0 +1,414 @@
+"""torchcap.trace / export / save on Python programs: torchvision eager models
+and small modules, compared with eager and with make_fx's operators; errors;
+Python -> .tcg -> the C++ interpreter (through `torchcap run`)."""
+
+import collections
+import copy
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torchvision
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import torchcap
+
+torch.manual_seed(0)
+HERE = os.path.abspath(__file__)
+
+
+# --- Helpers ---------------------------------------------------------------------
+
+# LibTorch's composites choose add_ or add by whether a tensor is a Python
+# subclass (make_fx's are); 1.13's make_fx records _reshape_alias where the
+# tracer records view, and lift_fresh_copy for lift_fresh.
+_SAME_OP = {"_reshape_alias": "view", "lift_fresh_copy": "lift_fresh"}
+
+
+def op_histogram(gm):
+    """aten operator -> count, an op's in-place and out-of-place variants as one."""
+    counts = collections.Counter()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and str(n.target).startswith("aten."):
+            name = str(n.target).split(".")[1].rstrip("_")
+            counts[_SAME_OP.get(name, name)] += 1
+    return counts
+
+
+def make_fx_histogram(f, args):
+    with torch.no_grad():  # as torchcap's trace
+        return op_histogram(make_fx(f)(*args))
+
+
+def assert_tree_equal(actual, expected):
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    elif isinstance(expected, dict):
+        assert isinstance(actual, dict) and list(actual) == list(expected)
+        for k in expected:
+            assert_tree_equal(actual[k], expected[k])
+    elif isinstance(expected, (tuple, list)):
+        assert type(actual) is type(expected) and len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_tree_equal(a, e)
+    else:
+        assert actual == expected
+
+
+def check_model(model, args, kwargs=None):
+    """Traces `model`; the graph's ops are make_fx's and its outputs eager's."""
+    kwargs = kwargs or {}
+    gm = torchcap.trace(model, args, kwargs)
+    assert isinstance(gm, torch.fx.GraphModule)
+    with torch.no_grad():
+        expected = model(*args, **kwargs)
+        assert_tree_equal(gm(*args, **kwargs), expected)
+    if not kwargs:
+        assert op_histogram(gm) == make_fx_histogram(model, args)
+    return gm
+
+
+# --- torchvision models --------------------------------------------------------------
+
+def test_resnet18():
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 64, 64)
+    gm = check_model(model, (x,))
+    assert op_histogram(gm)["convolution"] == 20
+
+
+def test_mobilenet_v3_small():
+    check_model(torchvision.models.mobilenet_v3_small().eval(), (torch.randn(1, 3, 64, 64),))
+
+
+def test_vision_transformer():
+    vit = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2,
+                                              num_heads=2, hidden_dim=32, mlp_dim=64,
+                                              num_classes=10).eval()
+    check_model(vit, (torch.randn(2, 3, 32, 32),))
+
+
+def test_swin():
+    check_model(torchvision.models.swin_t().eval(), (torch.randn(1, 3, 64, 64),))
+
+
+def test_segmentation_dict_output():
+    model = torchvision.models.segmentation.lraspp_mobilenet_v3_large(
+        weights_backbone=None, num_classes=3).eval()
+    gm = check_model(model, (torch.randn(1, 3, 64, 64),))
+    assert list(gm(torch.randn(1, 3, 64, 64))) == ["out"]
+
+
+def test_transformer_encoder_layer():
+    # Train mode (dropout 0): eval under no_grad takes PyTorch's fused fast path.
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).train()
+    check_model(layer, (torch.randn(2, 5, 32),))
+
+
+def test_inference_preserves_linear_and_layer_norm():
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).train()
+    x = torch.randn(2, 5, 32)
+    gm = torchcap.trace(layer, (x,), inference=True)
+    ops = op_histogram(gm)
+    assert ops["linear"] == 4 and ops["layer_norm"] == 2 and ops["addmm"] == 0
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), layer(x))
+    gm = torchcap.trace(layer, (x,), inference=True, preserve=["aten::layer_norm"])
+    assert op_histogram(gm)["linear"] == 0
+
+
+# --- Python modules ---------------------------------------------------------------------
+
+class Nested(nn.Module):
+    """Nested inputs and outputs, Python control flow on shapes and flags, an
+    in-place op on an intermediate, a constant tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.scale = torch.tensor(2.0)  # not a buffer: lifted as a constant
+
+    def forward(self, pair, extra, *, mask=None, mode="sum"):
+        a, b = pair
+        h = self.fc(a) + b["bias"]
+        h.mul_(self.scale)
+        if h.shape[0] > 1:  # Python control flow on a shape
+            h = h.relu()
+        if mask is not None:
+            h = h * mask
+        out = h.sum(dim=1) if mode == "sum" else h.mean(dim=1)
+        return {"out": out, "parts": [h, extra * 2], "none": None}
+
+
+def test_nested_pytrees_and_kwargs():
+    m = Nested()
+    args = ((torch.randn(3, 8), {"bias": torch.randn(8)}), torch.randn(2))
+    kwargs = {"mask": torch.ones(3, 8), "mode": "mean"}
+    gm = check_model(m, args, kwargs)
+    assert "mask" in gm.code and "def forward(self" in gm.code
+    assert any(n.target == "_tensor_constant0" for n in gm.graph.nodes if n.op == "get_attr")
+    # Other values of the same structure.
+    args2 = ((torch.randn(3, 8), {"bias": torch.randn(8)}), torch.randn(2))
+    mask2 = torch.rand(3, 8)
+    with torch.no_grad():
+        assert_tree_equal(gm(*args2, mask=mask2, mode="mean"), m(*args2, mask=mask2, mode="mean"))
+    # Upstream-style specs.
+    assert gm.in_spec is not None and gm.out_spec is not None
+    assert gm.out_spec.num_leaves == 4
+
+
+def test_tied_weights_are_one_attribute():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, idx):
+            return self.head(self.emb(idx))
+
+    m = Tied()
+    gm = check_model(m, (torch.tensor([[1, 2, 3]]),))
+    reads = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
+    assert reads == ["emb.weight"]
+    assert gm.emb.weight is m.emb.weight  # the module's own parameter
+
+
+def test_plain_function_and_bound_method():
+    def f(x, y):
+        return torch.sin(x) @ y.t(), x.shape[0]
+
+    with pytest.raises(torchcap.TraceError, match="output"):
+        torchcap.trace(f, (torch.randn(2, 3), torch.randn(4, 3)))
+
+    gm = torchcap.trace(lambda x, y: (torch.sin(x) @ y.t(),), (torch.randn(2, 3), torch.randn(4, 3)))
+    x, y = torch.randn(2, 3), torch.randn(4, 3)
+    assert_tree_equal(gm(x, y), (torch.sin(x) @ y.t(),))
+
+    m = nn.Linear(3, 2)
+    gm = torchcap.trace(m.forward, (x,))
+    assert {n.target for n in gm.graph.nodes if n.op == "get_attr"} == {"weight", "bias"}
+
+
+# --- Metadata ------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return torch.tanh(y)  # the stack trace names this line
+
+
+def test_stack_traces_and_module_stacks():
+    m = nn.Sequential(Block(), nn.ReLU())
+    gm = torchcap.trace(m, (torch.randn(1, 3, 8, 8),))
+    tanh = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.tanh.default)
+    trace = tanh.meta["stack_trace"]
+    assert f'File "{HERE}"' in trace and "in forward" in trace
+    assert "return torch.tanh(y)  # the stack trace names this line" in trace
+    assert "torch/nn" not in trace and "torchcap/" not in trace
+    assert tanh.meta["nn_module_stack"] == {"0": ("0", f"{__name__}.Block")}
+    conv = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.convolution.default)
+    assert list(conv.meta["nn_module_stack"]) == ["0", "0.conv"]
+    assert conv.meta["nn_module_stack"]["0.conv"][1] == "torch.nn.modules.conv.Conv2d"
+    assert conv.meta["val"].shape == (1, 4, 6, 6) and conv.meta["val"].dtype == torch.float32
+
+    gm = torchcap.trace(m, (torch.randn(1, 3, 8, 8),), record_stack_traces=False)
+    assert all("stack_trace" not in n.meta and "nn_module_stack" not in n.meta
+               for n in gm.graph.nodes)
+
+
+def test_resnet_module_stack():
+    model = torchvision.models.resnet18().eval()
+    gm = torchcap.trace(model, (torch.randn(1, 3, 32, 32),))
+    stacks = [n.meta.get("nn_module_stack", {}) for n in gm.graph.nodes]
+    assert any(list(s) == ["layer1", "layer1.0", "layer1.0.conv1"] for s in stacks)
+    trace = next(n for n in gm.graph.nodes if n.op == "call_function").meta["stack_trace"]
+    assert "torchvision/models/resnet.py" in trace
+
+
+# --- Export ----------------------------------------------------------------------------------
+
+def test_export_batchnorm_train_mode_has_the_programs_effect():
+    model = torchvision.models.resnet18().train()
+    before = copy.deepcopy(model)
+    x = torch.randn(2, 3, 32, 32)
+    ep = torchcap.export(model, (x,))
+    assert not any(str(n.target).split(".")[1].endswith("_") for n in ep.graph.nodes
+                   if n.op == "call_function" and str(n.target).startswith("aten."))
+    # The graph holds the buffers as they were before the trace; running it once
+    # is running the program once.
+    torch.testing.assert_close(ep.bn1.running_mean, before.bn1.running_mean)
+    out = ep(x)
+    expected = before(x)
+    torch.testing.assert_close(out, expected)
+    for name, buf in before.named_buffers():
+        torch.testing.assert_close(ep.get_buffer(name), buf, msg=name)
+    assert ep.bn1.num_batches_tracked.item() == 1
+    assert torchcap.dispatch_trace(before, (x,)).code.count("copy_") == ep.code.count("copy_")
+
+
+def test_export_input_mutation():
+    def f(x, y):
+        x.add_(1)
+        return x * y
+
+    x, y = torch.zeros(3), torch.ones(3)
+    ep = torchcap.export(f, (x, y))
+    assert torch.equal(x, torch.zeros(3))  # the trace works on a copy
+    out = ep(x, y)
+    assert torch.equal(out, torch.ones(3)) and torch.equal(x, torch.ones(3))
+
+
+# --- Errors -----------------------------------------------------------------------------------
+
+def test_data_dependent_control_flow_is_an_error_naming_the_line():
+    def f(x):
+        if x.sum() > 0:  # data-dependent
+            return x + 1
+        return x - 1
+
+    x = torch.randn(4)
+    with pytest.raises(torchcap.TraceError) as info:
+        torchcap.trace(f, (x,))
+    message = str(info.value)
+    assert "aten::_local_scalar_dense" in message or "is_nonzero" in message
+    assert "allow_data_dependent_values=True" in message
+    assert "if x.sum() > 0:  # data-dependent" in message and HERE in message
+    assert isinstance(info.value, RuntimeError)
+    gm = torchcap.trace(f, (x,), allow_data_dependent_values=True)
+    assert torch.equal(gm(x), f(x))
+
+
+def test_item_is_an_error():
+    with pytest.raises(torchcap.TraceError, match="reads a tensor's value"):
+        torchcap.trace(lambda x: x * x.max().item(), (torch.randn(3),))
+
+
+def test_input_mutation_is_an_error_and_the_input_keeps_its_value():
+    x = torch.zeros(3)
+    with pytest.raises(torchcap.TraceError, match="Immutable tensor") as info:
+        torchcap.trace(lambda t: t.add_(1), (x,))
+    assert "allow_input_mutation" in str(info.value) or "Clone it first" in str(info.value)
+    assert torch.equal(x, torch.zeros(3))
+    gm = torchcap.trace(lambda t: t.add_(1), (x,), allow_input_mutation=True)
+    assert torch.equal(x, torch.zeros(3))
+    assert torch.equal(gm(x.clone()), torch.ones(3))
+
+
+def test_unsupported_argument_types():
+    with pytest.raises(torchcap.TraceError, match=r"args\[1\]: .*type object"):
+        torchcap.trace(lambda x, o: x, (torch.ones(1), object()))
+    with pytest.raises(torchcap.TraceError, match=r"kwargs\['k'\]\[0\].*type set"):
+        torchcap.trace(lambda x, k: x, (torch.ones(1),), {"k": [{1}]})
+    with pytest.raises(TypeError, match="tuple"):
+        torchcap.trace(lambda x: x, torch.ones(1))
+    with pytest.raises(torchcap.TraceError, match="output"):
+        torchcap.trace(lambda x: "text", (torch.ones(1),))
+
+
+def test_wrong_inputs_to_the_graph():
+    gm = torchcap.trace(lambda p: p[0] + p[1], ((torch.ones(2), torch.ones(2)),))
+    with pytest.raises(Exception):
+        gm((torch.ones(2),))
+
+
+class Boom(Exception):
+    pass
+
+
+def test_exception_inside_f_propagates_unchanged_and_leaves_no_state():
+    def f(x):
+        y = x * 2
+        raise Boom("from inside")
+
+    with pytest.raises(Boom, match="from inside") as info:
+        torchcap.trace(f, (torch.ones(2),))
+    assert info.traceback[-1].name == "f"  # the traceback reaches the raise
+    # Nothing is left: hooks removed, tracing works, tensors compute as usual.
+    from torch.nn.modules import module as module_mod
+    assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
+    x = torch.ones(2)
+    assert torch.equal(x * 2, torch.full((2,), 2.0))
+    gm = torchcap.trace(lambda t: t * 3, (x,))
+    assert torch.equal(gm(x), x * 3)
+
+
+def test_nested_trace_is_an_error():
+    def f(x):
+        return torchcap.trace(lambda t: t + 1, (x,))
+
+    with pytest.raises(torchcap.TraceError, match="traces do not nest"):
+        torchcap.trace(f, (torch.ones(2),))
+
+
+def test_threads_trace_at_once():
+    model = torchvision.models.resnet18().eval()
+    inputs = [torch.randn(1, 3, 32, 32) for _ in range(4)]
+    results = [None] * 4
+
+    def work(i):
+        results[i] = torchcap.trace(model, (inputs[i],))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with torch.no_grad():
+        for gm, x in zip(results, inputs):
+            torch.testing.assert_close(gm(x), model(x), rtol=0, atol=0)
+            assert any("nn_module_stack" in n.meta for n in gm.graph.nodes)
+
+
+# --- Save, then run in C++ ----------------------------------------------------------------------
+
+def test_save_then_load_in_python(tmp_path):
+    m = Nested()
+    args = ((torch.randn(3, 8), {"bias": torch.randn(8)}), torch.randn(2))
+    gm = torchcap.trace(m, args)
+    torchcap.save(gm, tmp_path / "m.tcg")
+    loaded = torchcap.load(tmp_path / "m.tcg")
+    assert_tree_equal(loaded(*args), gm(*args))
+
+
+@pytest.mark.parametrize("exported", [False, True])
+def test_save_then_run_in_cpp(tmp_path, exported):
+    cli = os.environ.get("TORCHCAP_CLI")
+    if not cli:
+        pytest.skip("TORCHCAP_CLI is not set")
+    model = torchvision.models.mobilenet_v3_small().eval()
+    x = torch.randn(1, 3, 64, 64)
+    gm = (torchcap.export if exported else torchcap.trace)(model, (x,))
+    torchcap.save(gm, tmp_path / "m.tcg")
+    torch.save(x, tmp_path / "x.pt")
+    subprocess.run([cli, "run", tmp_path / "m.tcg", "--input", tmp_path / "x.pt",
+                    "-o", tmp_path / "y.pt"], check=True, capture_output=True)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_save_refuses_other_modules(tmp_path):
+    with pytest.raises(torchcap.Error, match="not made by torchcap"):
+        torchcap.save(torch.fx.symbolic_trace(nn.Linear(2, 2)), tmp_path / "x.tcg")
+
+
+def test_loader_works_without_the_compiled_part(tmp_path):
+    gm = torchcap.trace(nn.Linear(2, 2), (torch.ones(1, 2),))
+    torchcap.save(gm, tmp_path / "l.tcg")
+    code = ("import sys; sys.modules['torchcap._C'] = None; import torchcap; "
+            f"print(torchcap.load({str(tmp_path / 'l.tcg')!r})(__import__('torch').ones(1, 2)).shape);"
+            "torchcap.trace(lambda x: x, (1,))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "torch.Size([1, 2])" in r.stdout
+    assert "ImportError" in r.stderr and "torchcap._C" in r.stderr
