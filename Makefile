@@ -85,6 +85,7 @@ demo: build
 bench: build
 	$(BUILD_DIR)/serialize_bench
 	$(BUILD_DIR)/torchcap_bench
+	$(BUILD_DIR)/memory_bench
 
 # libFuzzer over the loader: clang, AddressSanitizer, its own build directory.
 # Seeds are generated valid files; crashes land in $(FUZZ_DIR)/artifacts/.

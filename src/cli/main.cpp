@@ -15,6 +15,7 @@
 #include <torchcap/tracer.h>
 
 #include "cli/cli_inputs.h"
+#include "cli/memory_view.h"
 #include "zoo.h"
 
 #include <ATen/ATen.h>
@@ -392,6 +393,7 @@ int main_impl(int argc, char** argv) {
   std::vector<std::string> inputs;
   bool inference = false, do_export = false, keep_dead = false, as_json = false;
   bool show_graph = false, show_code = false, show_dot = false, show_summary = false;
+  bool show_memory_plan = false;
   uint64_t seed = 0;
 
   CLI::App* trace_cmd = app.add_subcommand("trace", "trace a TorchScript file or a built-in example");
@@ -419,6 +421,8 @@ int main_impl(int argc, char** argv) {
   code_flag->excludes(dot_flag);
   show_cmd->add_option("--svg", svg, "render the graph to this SVG file with Graphviz");
   show_cmd->add_flag("--json", as_json, "print the summary as one JSON object");
+  show_cmd->add_flag("--memory", show_memory_plan, "the memory plan (with --svg: draw the arena, with --json: as JSON)")
+      ->excludes(summary_flag)->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
 
   CLI::App* run_cmd = app.add_subcommand("run", "run a saved graph");
   run_cmd->add_option("file", file, "a .tcg file")->required();
@@ -438,6 +442,7 @@ int main_impl(int argc, char** argv) {
   if (trace_cmd->parsed()) {
     return cmd_trace(model, example, inputs, inference, preserve, do_export, keep_dead, output, as_json);
   }
+  if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, output, as_json);
   return cmd_examples();

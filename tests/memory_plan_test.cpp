@@ -1,0 +1,250 @@
+// plan_memory, verify_memory_plan and the memory views of `torchcap show`.
+#include <torchcap/memory_plan.h>
+#include <torchcap/tracer.h>
+
+#include "cli/memory_view.h"
+#include "golden.h"
+#include "sample_graphs.h"
+#include "zoo.h"
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace torchcap {
+namespace {
+
+using testing::meta;
+
+// x -> relu -> view -> mul -> add_ (in place) -> neg -> sum (total) -> output.
+//   step: x 0, relu 1, view 2, mul 3, add_ 4, neg 5, sum 6, output 7
+GraphModule chain() {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* relu = g.call_function("aten::relu", {x}, {}, "relu");
+  Node* view = g.call_function("aten::view", {relu, Argument(ArgumentList{64})}, {}, "view");
+  Node* mul = g.call_function("aten::mul.Tensor", {view, view}, {}, "mul");
+  Node* add = g.call_function("aten::add_.Tensor", {mul, view}, {}, "add_");
+  Node* neg = g.call_function("aten::neg", {add}, {}, "neg");
+  Node* sum = g.call_function("aten::sum", {neg}, {}, "total");
+  g.output({sum});
+  x->meta().val = ValueMeta::tensor(meta(c10::kFloat, {4, 16}));
+  relu->meta().val = ValueMeta::tensor(meta(c10::kFloat, {4, 16}));
+  view->meta().val = ValueMeta::tensor(meta(c10::kFloat, {64}));
+  mul->meta().val = ValueMeta::tensor(meta(c10::kFloat, {64}));
+  add->meta().val = ValueMeta::tensor(meta(c10::kFloat, {64}));
+  neg->meta().val = ValueMeta::tensor(meta(c10::kFloat, {64}));
+  sum->meta().val = ValueMeta::tensor(meta(c10::kFloat, {}));
+  return gm;
+}
+
+TEST(MemoryPlan, LifetimesFollowViewsAndInPlaceResults) {
+  GraphModule gm = chain();
+  MemoryPlan plan = plan_memory(gm.graph());
+  ASSERT_EQ(plan.values.size(), 3u);
+  const PlannedValue* relu = plan.find("relu");
+  const PlannedValue* mul = plan.find("mul");
+  const PlannedValue* neg = plan.find("neg");
+  ASSERT_TRUE(relu && mul && neg);
+  // The view of relu is read by mul (3) and add_ (4): relu lives until 4.
+  EXPECT_EQ(relu->first, 1);
+  EXPECT_EQ(relu->last, 4);
+  EXPECT_EQ(relu->aliases, std::vector<std::string>{"view"});
+  // add_ writes mul in place: its result is mul's buffer, read by neg (5).
+  EXPECT_EQ(mul->first, 3);
+  EXPECT_EQ(mul->last, 5);
+  EXPECT_EQ(mul->aliases, std::vector<std::string>{"add_"});
+  EXPECT_EQ(neg->first, 5);
+  EXPECT_EQ(neg->last, 6);
+  EXPECT_EQ(relu->size, 256);
+  // The output is returned, the input is the caller's: neither is planned.
+  ASSERT_EQ(plan.unplanned.size(), 1u);
+  EXPECT_EQ(plan.unplanned[0].node, "total");
+  EXPECT_EQ(plan.unplanned[0].reason, "returned by the graph");
+
+  EXPECT_EQ(plan.naive_bytes, 3 * 256);
+  EXPECT_EQ(plan.lower_bound_bytes, 2 * 256);  // relu and mul at steps 3 and 4
+  EXPECT_EQ(plan.peak_step, 3);
+  EXPECT_EQ(plan.arena_bytes, 2 * 256);  // neg reuses relu's bytes
+  EXPECT_EQ(neg->offset, relu->offset);
+  EXPECT_NO_THROW(verify_memory_plan(plan));
+  // live_at lists by offset.
+  auto live = plan.live_at(4);
+  ASSERT_EQ(live.size(), 2u);
+  EXPECT_LT(live[0]->offset, live[1]->offset);
+}
+
+TEST(MemoryPlan, InPlaceOnAnInputIsNotPlanned) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* add = g.call_function("aten::add_.Tensor", {x, x}, {}, "add_");
+  Node* neg = g.call_function("aten::neg", {add}, {}, "neg");
+  Node* out = g.call_function("aten::neg", {neg}, {}, "out");
+  g.output({out});
+  for (Node* n : {x, add, neg, out}) n->meta().val = ValueMeta::tensor(meta(c10::kFloat, {3}));
+  MemoryPlan plan = plan_memory(g);
+  ASSERT_EQ(plan.values.size(), 1u);
+  EXPECT_EQ(plan.values[0].node, "neg");
+  EXPECT_EQ(plan.values[0].size, 12);
+  EXPECT_EQ(plan.arena_bytes, 64);  // one aligned slot
+}
+
+TEST(MemoryPlan, TupleElementsAreBuffersOfTheirOwn) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* top = g.call_function("aten::topk", {x, 3}, {}, "topk");
+  Node* values = g.getitem(top, 0, "values");
+  Node* indices = g.getitem(top, 1, "indices");
+  Node* neg = g.call_function("aten::neg", {values}, {}, "neg");
+  Node* f = g.call_function("aten::_to_copy", {indices}, {{"dtype", c10::kFloat}}, "as_float");
+  Node* add = g.call_function("aten::add.Tensor", {neg, f}, {}, "add");
+  g.output({add});
+  x->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 10}));
+  top->meta().val = ValueMeta{ValueKind::Tuple, {meta(c10::kFloat, {2, 3}), meta(c10::kLong, {2, 3})}};
+  values->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 3}));
+  indices->meta().val = ValueMeta::tensor(meta(c10::kLong, {2, 3}));
+  for (Node* n : {neg, f, add}) n->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 3}));
+  MemoryPlan plan = plan_memory(g);
+  const PlannedValue* v = plan.find("topk", 0);
+  const PlannedValue* i = plan.find("topk", 1);
+  ASSERT_TRUE(v && i);
+  EXPECT_EQ(v->label(), "topk[0]");
+  EXPECT_EQ(v->size, 24);
+  EXPECT_EQ(i->size, 48);
+  EXPECT_EQ(v->aliases, std::vector<std::string>{"values"});
+  EXPECT_EQ(v->last, 4);  // neg
+  EXPECT_EQ(i->last, 5);  // _to_copy
+  // topk has an out variant with a CPU kernel: topk.values.
+  ASSERT_FALSE(plan.operators.empty());
+  EXPECT_EQ(plan.operators[0].target, "aten::topk");
+  EXPECT_EQ(plan.operators[0].out_variant, "aten::topk.values");
+  verify_memory_plan(plan);
+}
+
+TEST(MemoryPlan, OutVariantsMatchBySchema) {
+  auto handle = [](const char* name, const char* overload) {
+    return *c10::Dispatcher::singleton().findSchema({name, overload});
+  };
+  auto out_of = [&](const char* name, const char* overload) {
+    auto out = find_out_variant(handle(name, overload));
+    return out ? out->schema().overload_name() : std::string("-");
+  };
+  EXPECT_EQ(out_of("aten::add", "Tensor"), "out");
+  EXPECT_EQ(out_of("aten::add", "Scalar"), "Scalar_out");
+  EXPECT_EQ(out_of("aten::max", "dim"), "dim_max");
+  EXPECT_EQ(out_of("aten::sum", "dim_IntList"), "IntList_out");
+  EXPECT_EQ(out_of("aten::addmm", ""), "out");
+  EXPECT_EQ(out_of("aten::add_", "Tensor"), "-");  // writes its argument already
+  EXPECT_EQ(out_of("aten::view", ""), "-");        // a view
+}
+
+TEST(MemoryPlan, VerifierRejectsOverlapsNamingBothValues) {
+  GraphModule gm = chain();
+  MemoryPlan plan = plan_memory(gm.graph());
+  MemoryPlan broken = plan;
+  for (PlannedValue& v : broken.values) {
+    if (v.node == "mul") v.offset = broken.find("relu")->offset;
+  }
+  try {
+    verify_memory_plan(broken);
+    FAIL() << "an overlapping plan was accepted";
+  } catch (const MemoryPlanError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("%relu"), std::string::npos) << m;
+    EXPECT_NE(m.find("%mul"), std::string::npos) << m;
+    EXPECT_NE(m.find("share bytes"), std::string::npos) << m;
+  }
+  // neg and relu are never live together: sharing is fine.
+  MemoryPlan shared = plan;
+  for (PlannedValue& v : shared.values) {
+    if (v.node == "neg") v.offset = shared.find("relu")->offset;
+  }
+  EXPECT_NO_THROW(verify_memory_plan(shared));
+
+  MemoryPlan misaligned = plan;
+  misaligned.values[0].offset += 4;
+  EXPECT_THROW(verify_memory_plan(misaligned), MemoryPlanError);
+  MemoryPlan small = plan;
+  small.arena_bytes = 256;
+  EXPECT_THROW(verify_memory_plan(small), MemoryPlanError);
+}
+
+void expect_sound(const MemoryPlan& plan, const std::string& what) {
+  SCOPED_TRACE(what);
+  EXPECT_NO_THROW(verify_memory_plan(plan));
+  EXPECT_LE(plan.arena_bytes, plan.greedy_bytes);
+  EXPECT_LE(plan.greedy_bytes, plan.naive_bytes);
+  EXPECT_GE(plan.arena_bytes, plan.lower_bound_bytes);
+  // The bound is reached at the peak step.
+  int64_t live = 0;
+  for (const PlannedValue* v : plan.live_at(plan.peak_step)) live += (v->size + 63) / 64 * 64;
+  EXPECT_EQ(live, plan.lower_bound_bytes);
+}
+
+TEST(MemoryPlan, EveryZooExample) {
+  for (const std::string& name : examples::names()) {
+    examples::Example e = examples::make(name);
+    GraphModule gm = examples::trace(e);
+    MemoryPlan plan = plan_memory(gm.graph());
+    expect_sound(plan, name);
+  }
+}
+
+TEST(MemoryPlan, ResNet18ReusesMemory) {
+  examples::Example e = examples::make("resnet18");
+  GraphModule gm = examples::trace(e);
+  MemoryPlan plan = plan_memory(gm.graph());
+  expect_sound(plan, "resnet18");
+  EXPECT_LT(plan.arena_bytes * 4, plan.naive_bytes);
+  EXPECT_LE(plan.arena_bytes, plan.lower_bound_bytes * 105 / 100);
+}
+
+// torchvision's own models, scripted by Python (the repository carries no
+// binary models), traced through TorchScript.
+class TorchvisionMemoryPlan : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("torchcap_memory_plan_" + std::to_string(::getpid()));
+    std::string command = "/usr/bin/python3 " + std::string(TORCHCAP_TEST_DIR) +
+                          "/python/make_torchvision_models.py " + dir_.string() +
+                          " resnet18 mobilenet_v2";
+    ok_ = std::system(command.c_str()) == 0;
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  static std::filesystem::path dir_;
+  static bool ok_;
+};
+std::filesystem::path TorchvisionMemoryPlan::dir_;
+bool TorchvisionMemoryPlan::ok_ = false;
+
+TEST_P(TorchvisionMemoryPlan, PlanIsSound) {
+  ASSERT_TRUE(ok_) << "could not script the torchvision models";
+  torch::jit::Module m = torch::jit::load((dir_ / (GetParam() + ".pt")).string());
+  GraphModule gm = trace(m, {torch::randn({1, 3, 224, 224})});
+  MemoryPlan plan = plan_memory(gm.graph());
+  expect_sound(plan, GetParam());
+  EXPECT_FALSE(plan.values.empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TorchvisionMemoryPlan, ::testing::Values("resnet18", "mobilenet_v2"));
+
+TEST(MemoryView, TextJsonAndSvg) {
+  GraphModule gm = chain();
+  MemoryPlan plan = plan_memory(gm.graph());
+  testing::expect_golden("memory_plan_chain.txt", cli::format_memory_plan(plan));
+  testing::expect_golden("memory_plan_chain.svg", cli::memory_plan_svg(plan));
+  nlohmann::ordered_json j = cli::memory_plan_json(plan);
+  EXPECT_EQ(j["arena_bytes"], 512);
+  EXPECT_EQ(j["peak_node"], "mul");
+  EXPECT_EQ(j["live_at_peak"].size(), 2u);
+  EXPECT_EQ(j["values"].size(), 3u);
+}
+
+}  // namespace
+}  // namespace torchcap
