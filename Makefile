@@ -86,6 +86,7 @@ bench: build
 	$(BUILD_DIR)/serialize_bench
 	$(BUILD_DIR)/torchcap_bench
 	$(BUILD_DIR)/memory_bench
+	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/python_trace_bench.py
 
 # libFuzzer over the loader: clang, AddressSanitizer, its own build directory.
 # Seeds are generated valid files; crashes land in $(FUZZ_DIR)/artifacts/.

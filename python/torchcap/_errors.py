@@ -10,3 +10,7 @@ class TraceError(Error):
     tensor's data, an argument or result of an unsupported type, ...
 
     The message names the operator or the argument, and the user's line."""
+
+
+# Shown as torchcap.TraceError in tracebacks, where users import them from.
+Error.__module__ = TraceError.__module__ = "torchcap"

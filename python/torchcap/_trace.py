@@ -96,6 +96,8 @@ class _ModuleStackHooks:
 
     def __enter__(self):
         global _hooks_users, _hooks_handles
+        if not self.names:  # no module to report: no hooks, no slower module calls
+            return self
         with _hooks_lock:
             if _hooks_users == 0:
                 from torch.nn.modules.module import (register_module_forward_hook,
@@ -109,6 +111,8 @@ class _ModuleStackHooks:
 
     def __exit__(self, *exc):
         global _hooks_users, _hooks_handles
+        if not self.names:
+            return
         _local.modules = self.previous
         with _hooks_lock:
             _hooks_users -= 1
@@ -287,7 +291,7 @@ def _to_fx(graph, kwargs):
             node.meta["nn_module_stack"] = {path: (path, cls) for path, cls in modules}
     if kwargs:
         gm.graph.set_codegen(_KeywordCodeGen(gm.graph._codegen, kwargs.keys()))
-    gm.recompile()
+        gm.recompile()
     gm._torchcap_graph = graph
     gm._torchcap_code = gm.code
     return gm
