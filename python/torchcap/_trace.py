@@ -12,7 +12,6 @@ attributes are the module's own parameters and buffers.
 """
 
 import os
-import tempfile
 import threading
 
 import torch
@@ -20,7 +19,7 @@ import torch.nn
 import torch.utils._pytree as pytree
 
 from torchcap._errors import Error, TraceError
-from torchcap._load import TorchcapCodeGen, load
+from torchcap._load import TorchcapCodeGen, _Spec, _tensor_metadata
 
 try:
     from torchcap import _C
@@ -250,8 +249,12 @@ class _KeywordCodeGen(TorchcapCodeGen):
 
 
 def _set_tensor(gm, name, tensor, is_parameter):
-    owner_path, _, leaf = name.rpartition(".")
-    owner = gm.get_submodule(owner_path) if owner_path else gm
+    owner = gm
+    *path, leaf = name.split(".")
+    for part in path:
+        if part not in owner._modules:
+            owner.add_module(part, torch.nn.Module())
+        owner = owner._modules[part]
     if is_parameter and isinstance(tensor, torch.nn.Parameter):
         owner._parameters[leaf] = tensor
         owner._buffers.pop(leaf, None)
@@ -261,37 +264,32 @@ def _set_tensor(gm, name, tensor, is_parameter):
 
 
 def _to_fx(graph, kwargs):
-    """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors."""
-    fd, path = tempfile.mkstemp(suffix=".tcg")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(graph.structure())
-        gm = load(path, verify_checksums=False)
-    finally:
-        os.unlink(path)
-    # The loaded attributes are empty: the traced tensors take their places.
-    # Those are the module's own parameters and buffers (the same objects),
-    # except buffers the program wrote, of which the graph keeps the values
-    # from before the trace (the trace ran the program, which updated the
-    # module's own).
+    """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors.
+
+    Built as torchcap.load builds a module from a file (the same code
+    generator and conventions), from the C++ graph directly (Note [Building the
+    torch.fx graph directly] in src/python/module.cpp).
+    """
+    fx_graph = torch.fx.Graph()
+    in_spec, out_spec, mutations, placeholders = graph.build_fx(fx_graph, _tensor_metadata,
+                                                                _Spec)
+    if mutations:
+        # As the loader: written inputs are passed to the output too, so that
+        # the generated code keeps them bound until the writes at the end.
+        output = next(iter(reversed(fx_graph.nodes)))
+        written = [placeholders[t] for k, t in mutations if k == "input_mutation"]
+        output.args = ((list(output.args[0]), written),)
+    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
+                              class_name="TorchcapGraphModule")
+    # The traced tensors: the module's own parameters and buffers (the same
+    # objects), except buffers the program wrote, of which the graph keeps the
+    # values from before the trace (the trace ran the program, which updated
+    # the module's own).
     for name, kind, tensor in graph.attributes():
         _set_tensor(gm, name, tensor, kind == "parameter")
-
-    meta = graph.node_meta()
-    for node in gm.graph.nodes:
-        if "tensor_meta" in node.meta:
-            node.meta["val"] = node.meta["tensor_meta"]
-        entry = meta.get(node.name)
-        if entry is None:
-            continue
-        stack, modules = entry
-        if stack is not None:
-            node.meta["stack_trace"] = stack
-        if modules:
-            node.meta["nn_module_stack"] = {path: (path, cls) for path, cls in modules}
-    if kwargs:
-        gm.graph.set_codegen(_KeywordCodeGen(gm.graph._codegen, kwargs.keys()))
-        gm.recompile()
+    codegen = TorchcapCodeGen(in_spec, out_spec, mutations, placeholders)
+    fx_graph.set_codegen(_KeywordCodeGen(codegen, kwargs.keys()) if kwargs else codegen)
+    gm.graph = fx_graph  # generates forward()
     gm._torchcap_graph = graph
     gm._torchcap_code = gm.code
     return gm

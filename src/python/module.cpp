@@ -19,8 +19,11 @@
 #include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
 
+#include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <pybind11/stl.h>
 
@@ -184,6 +187,179 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   return std::make_unique<GraphModule>(std::move(gm));
 }
 
+// --- The torch.fx graph -------------------------------------------------------
+// Note [Building the torch.fx graph directly]
+// The graph could reach Python as a file that torchcap.load reads, and did
+// at first; the loader checks everything a file may get wrong and costs
+// about 200 us a node, as much as make_fx's whole trace. A trace is known to
+// be well formed, so its nodes are created here, one create_node call each,
+// with the loader's conventions (node names, operator targets, "val" and
+// "tensor_meta", the code generator the Python front end sets).
+
+class FxBuilder {
+ public:
+  FxBuilder(py::object graph, py::object tensor_metadata)
+      : graph_(std::move(graph)),
+        create_node_(graph_.attr("create_node")),
+        tensor_metadata_(std::move(tensor_metadata)),
+        getitem_(py::module_::import("operator").attr("getitem")),
+        ops_(py::module_::import("torch").attr("ops")) {}
+
+  // Adds the nodes of `g`; returns {name: fx node} of its placeholders.
+  py::dict build(const Graph& g) {
+    py::dict placeholders;
+    for (const Node* n : g.nodes()) {
+      py::object node;
+      py::str name(n->name());
+      switch (n->op()) {
+        case OpCode::Placeholder:
+          node = create_node_("placeholder", name, py::arg("name") = name);
+          placeholders[name] = node;
+          break;
+        case OpCode::GetAttr:
+          node = create_node_("get_attr", n->target(), py::arg("name") = name);
+          break;
+        case OpCode::CallFunction: {
+          py::tuple args(n->args().size());
+          for (size_t i = 0; i < n->args().size(); ++i) args[i] = argument(n->args()[i]);
+          py::dict kwargs;
+          for (const auto& [k, v] : n->kwargs()) kwargs[py::str(k)] = argument(v);
+          node = create_node_("call_function", n->is_getitem() ? getitem_ : op(n->target()), args,
+                              kwargs, py::arg("name") = name);
+          break;
+        }
+        case OpCode::Output:
+          node = graph_.attr("output")(argument(n->args().at(0)));
+          break;
+      }
+      env_.emplace(n, node);
+      set_meta(n->meta(), node.attr("meta"));
+    }
+    return placeholders;
+  }
+
+  py::object node(const Node* n) const { return env_.at(n); }
+
+ private:
+  py::object op(const std::string& target) {
+    auto it = ops_by_name_.find(target);
+    if (it != ops_by_name_.end()) return it->second;
+    size_t sep = target.find("::");
+    std::string rest = target.substr(sep + 2);
+    size_t dot = rest.find('.');
+    std::string name = rest.substr(0, dot);
+    std::string overload = dot == std::string::npos ? "default" : rest.substr(dot + 1);
+    py::object fn = ops_.attr(target.substr(0, sep).c_str()).attr(name.c_str()).attr(
+        overload.c_str());
+    return ops_by_name_.emplace(target, fn).first->second;
+  }
+
+  py::object argument(const Argument& a) {
+    switch (a.storage().index()) {
+      case 0: return py::none();
+      case 1: return env_.at(a.to_node());
+      case 2: return py::int_(a.to_int());
+      case 3: return py::float_(a.to_double());
+      case 4: return py::bool_(a.to_bool());
+      case 5: return py::str(a.to_string());
+      case 6:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPDtype(a.to_scalar_type())));
+      case 7:
+        return py::reinterpret_borrow<py::object>(
+            reinterpret_cast<PyObject*>(torch::getTHPLayout(a.to_layout())));
+      case 8: return py::reinterpret_steal<py::object>(THPDevice_New(a.to_device()));
+      case 9:  // a new reference, as torch's own pybind11 caster takes it
+        return py::reinterpret_steal<py::object>(
+            torch::utils::getTHPMemoryFormat(a.to_memory_format()));
+      default: {
+        py::list l;
+        for (const Argument& e : a.to_list()) l.append(argument(e));
+        return l;
+      }
+    }
+  }
+
+  py::object tensor_meta(const TensorMeta& t) {
+    py::object dtype = py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(t.dtype)));
+    return tensor_metadata_(dtype, t.sizes, t.strides);
+  }
+
+  void set_meta(const NodeMeta& m, py::object meta) {
+    switch (m.val.kind) {
+      case ValueKind::Tensor: {
+        py::object v = tensor_meta(m.val.tensors.at(0));
+        meta["val"] = v;
+        meta["tensor_meta"] = v;
+        break;
+      }
+      case ValueKind::Tuple:
+      case ValueKind::List: {
+        py::list l;
+        for (const TensorMeta& t : m.val.tensors) l.append(tensor_meta(t));
+        py::object v = m.val.kind == ValueKind::Tuple ? py::object(py::tuple(l)) : py::object(l);
+        meta["val"] = v;
+        meta["tensor_meta"] = v;
+        break;
+      }
+      default:
+        break;
+    }
+    if (!m.stack_trace.empty()) {
+      const void* key = &m.stack_trace.frames();
+      auto it = stack_texts_.find(key);
+      if (it == stack_texts_.end()) it = stack_texts_.emplace(key, py::str(m.stack_trace.str())).first;
+      meta["stack_trace"] = it->second;
+    }
+    if (!m.module_stack.empty()) {
+      py::dict modules;
+      for (const ModuleFrame& f : m.module_stack.frames()) {
+        py::str path(f.path);
+        modules[path] = py::make_tuple(path, f.type);
+      }
+      meta["nn_module_stack"] = modules;
+    }
+  }
+
+  py::object graph_;
+  py::object create_node_;
+  py::object tensor_metadata_;
+  py::object getitem_;
+  py::object ops_;
+  std::unordered_map<const Node*, py::object> env_;
+  std::unordered_map<std::string, py::object> ops_by_name_;
+  std::unordered_map<const void*, py::object> stack_texts_;
+};
+
+py::object spec_object(const TreeSpec& s, const py::object& spec_class) {
+  static const char* kinds[] = {"leaf", "none", "constant", "tuple", "list", "dict"};
+  const char* kind = kinds[static_cast<int>(s.kind())];
+  py::list children;
+  for (const TreeSpec& c : s.children()) children.append(spec_object(c, spec_class));
+  py::list keys;
+  for (const c10::IValue& k : s.keys()) keys.append(torch::jit::toPyObject(k));
+  py::object value = s.kind() == TreeSpec::Kind::Constant ? torch::jit::toPyObject(s.constant_value())
+                                                          : py::none();
+  return spec_class(kind, children, keys, value);
+}
+
+// Fills `graph` (an empty torch.fx.Graph) with the nodes of `gm`; returns the
+// in and out specs as `spec_class(kind, children, keys, value)` objects, the
+// (kind, target) of each mutation output, and the placeholders by name.
+py::tuple build_fx(const GraphModule& gm, py::object graph, py::object tensor_metadata,
+                   py::object spec_class) {
+  FxBuilder builder(std::move(graph), std::move(tensor_metadata));
+  py::dict placeholders = builder.build(gm.graph());
+  py::list mutations;
+  for (const OutputSpec& o : gm.output_specs) {
+    if (o.kind == OutputKind::BufferMutation) mutations.append(py::make_tuple("buffer_mutation", o.target));
+    if (o.kind == OutputKind::InputMutation) mutations.append(py::make_tuple("input_mutation", o.target));
+  }
+  return py::make_tuple(spec_object(gm.in_spec, spec_class), spec_object(gm.out_spec, spec_class),
+                        mutations, placeholders);
+}
+
 // The graph as `.tcg` bytes, with every attribute an empty tensor of its
 // dtype: torchcap.load reads the structure, the tensors are set afterwards.
 py::bytes structure(const GraphModule& gm) {
@@ -269,6 +445,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<GraphModule>(m, "GraphModule")
       .def("structure", &structure)
+      .def("build_fx", &build_fx)
       .def("attributes", &attributes)
       .def("node_meta", &node_meta)
       .def("save", &save_with)
