@@ -259,8 +259,17 @@ inline GraphModule every_argument_module() {
   none->meta().stack_trace = StackTrace::from_frames(
       {SourceFrame{"src/m\xc3\xb6" "del.cpp", 42, "torchcap::Model::forward(at::Tensor)", {}},
        SourceFrame{"", 0, "", {}},
-       SourceFrame{"main.cpp", std::numeric_limits<int>::max(), "main", {}}});
+       SourceFrame{"main.py", std::numeric_limits<int>::max(), "main", "return run(model, x)"}});
   results.push_back(none);
+  // Module stacks (version 1.2): one list shared by several nodes, an equal
+  // list made separately, and a second stack; the clones have none.
+  ModuleStack block({ModuleFrame{"layer1", "torch.nn.modules.container.Sequential"},
+                     ModuleFrame{"layer1.0", "torchvision.models.resnet.BasicBlock"}});
+  none->meta().module_stack = block;
+  top->meta().module_stack = block;
+  parts->meta().module_stack = ModuleStack(block.frames());
+  x->meta().module_stack =
+      ModuleStack({ModuleFrame{"block1-0.class", "m\xc3\xb6" "dule.Odd"}});
   x->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 3}));
   x->meta().val.tensors[0].strides = {1, 2};
   idx->meta().val = ValueMeta::tensor(TensorMeta{c10::kLong, {4}, {1}, c10::Device(c10::kCUDA, 0)});
@@ -346,6 +355,44 @@ inline GraphModule attribute_zoo_module() {
   at::Tensor shared = at::randn({4});
   gm.set_attribute("tied.a", shared, AttributeKind::Parameter);
   gm.set_attribute("tied.b", shared, AttributeKind::Parameter);
+  return gm;
+}
+
+// Attribute names torch.nn accepts that are not Python identifiers (RegNet's
+// "block1-0", keywords, quotes, backslashes, spaces, non-ASCII), each read by a
+// get_attr and added to the input: forward(x) = x + the sum of all six.
+inline const std::vector<std::string>& odd_attribute_names() {
+  static const std::vector<std::string> names = {
+      "trunk_output.block1.block1-0.proj.0.weight", "class.if", "import.None",
+      "say \"hi\"\\.0", "with space.m\xc3\xb6" "dule", "lambda.def.return"};
+  return names;
+}
+
+inline GraphModule odd_names_module() {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* y = g.placeholder("x");
+  at::manual_seed(3);
+  for (const std::string& name : odd_attribute_names()) {
+    y = g.call_function("aten::add.Tensor", {y, g.get_attr(name)});
+    gm.set_attribute(name, at::randn({3}), name.rfind("class", 0) == 0 ? AttributeKind::Buffer
+                                                                       : AttributeKind::Parameter);
+  }
+  g.output({y});
+  gm.set_flat_specs();
+  return gm;
+}
+
+// A call of a custom operator, `torchcap_fixture::scale(Tensor x, float s) ->
+// Tensor` (x * s), which the program using this must register:
+// forward(x) = scale(x, 2.5) + 1.
+inline GraphModule custom_operator_module() {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* scaled = g.call_function("torchcap_fixture::scale", {x, 2.5});
+  g.output({g.call_function("aten::add.Scalar", {scaled, 1})});
+  gm.set_flat_specs();
   return gm;
 }
 

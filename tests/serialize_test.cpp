@@ -97,6 +97,7 @@ void expect_same_module(const GraphModule& a, const GraphModule& b) {
     }
     EXPECT_EQ(na->meta().val, nb->meta().val);
     EXPECT_EQ(na->meta().stack_trace.frames(), nb->meta().stack_trace.frames());
+    EXPECT_EQ(na->meta().module_stack, nb->meta().module_stack);
     nb = nb->next();
   }
   ASSERT_EQ(a.attributes().size(), b.attributes().size());
@@ -135,7 +136,7 @@ std::string with_json(const std::string& bytes, const std::function<void(Json&)>
   return f.bytes();
 }
 
-// Where the JSON section starts in files this version writes (1.1).
+// Where the JSON section starts in files this version writes (1.1 and later).
 constexpr uint64_t kJson = 72;
 
 // The small valid file the damaged ones are made from.
@@ -255,6 +256,27 @@ TEST(SerializeRoundTrip, SavingTwiceGivesTheSameBytes) {
   EXPECT_EQ(first, save_to_string(gm));
   GraphModule loaded = load_from_buffer(first.data(), first.size());
   EXPECT_EQ(first, save_to_string(loaded));
+}
+
+TEST(SerializeRoundTrip, SourceLinesAndModuleStacks) {
+  GraphModule gm = testing::every_argument_module();
+  std::string bytes = save_to_string(gm);
+  GraphModule loaded = load_from_buffer(bytes.data(), bytes.size());
+  expect_same_module(gm, loaded);
+  const Node* relu = loaded.graph().find("relu");
+  ASSERT_NE(relu, nullptr);
+  EXPECT_EQ(relu->meta().stack_trace.frames().back().code, "return run(model, x)");
+  EXPECT_EQ(relu->meta().module_stack.innermost_str(), "layer1.0 (BasicBlock)");
+  // Loaded nodes of one stack share one list, as traced ones do.
+  EXPECT_EQ(&relu->meta().module_stack.frames(),
+            &loaded.graph().find("topk")->meta().module_stack.frames());
+  // One table entry per distinct stack: equal lists are stored once.
+  Json doc = Json::parse(TcgFile::parse(bytes).json);
+  ASSERT_EQ(doc["module_stacks"].size(), 2u);
+  EXPECT_EQ(doc["module_stacks"][1][1]["path"], "layer1.0");
+  EXPECT_EQ(doc["nodes"][0]["meta"]["module_stack"], 0);
+  // A module without stacks has no table.
+  EXPECT_FALSE(Json::parse(TcgFile::parse(valid()).json).contains("module_stacks"));
 }
 
 TEST(SerializeRoundTrip, StackTracesOfATracedGraph) {
@@ -558,20 +580,20 @@ TEST(LoadRejects, TruncatedHeader) {
 
 TEST(LoadRejects, TruncatedHeaderOfVersion11) {
   EXPECT_EQ(load_error(valid().substr(0, 70)),
-            "f.tcg: byte 70: the file ends after 70 bytes, inside the 72-byte header of version 1.1");
+            "f.tcg: byte 70: the file ends after 70 bytes, inside the 72-byte header of version 1.2");
 }
 
 TEST(LoadRejects, NewerMajorVersion) {
   std::string b = valid();
   TcgFile::put_header(b, 8, 2, 2);
   EXPECT_EQ(load_error(b),
-            "f.tcg: byte 8: format version 2.1 is not supported; this torchcap reads version 1.x");
+            "f.tcg: byte 8: format version 2.2 is not supported; this torchcap reads version 1.x");
 }
 
 TEST(LoadRejects, HeaderSizeOutOfRange) {
   std::string b = valid();
   TcgFile::put_header(b, 12, 32, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 32 is not 72, the header size of version 1.1");
+  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 32 is not 72, the header size of version 1.2");
 }
 
 TEST(LoadRejects, TruncatedFile) {
@@ -598,7 +620,7 @@ TEST(LoadRejects, WrongAlignment) {
 TEST(LoadRejects, UnknownFlags) {
   std::string b = valid();
   TcgFile::put_header(b, 60, 4, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 60: unknown flags 0x4 for version 1.1");
+  EXPECT_EQ(load_error(b), "f.tcg: byte 60: unknown flags 0x4 for version 1.2");
 }
 
 TEST(LoadRejects, JsonOffsetInsideTheHeader) {
@@ -918,22 +940,28 @@ TEST(LoadRejects, TensorChecksumBeyond32Bits) {
                                "in 32 bits");
 }
 
-// A file of version 1.0 (no checksums, a 64-byte header) made from one of 1.1.
-std::string as_version_10(const std::string& bytes) {
+// A file of an earlier version made from one of 1.2: 1.1 has no source lines
+// and module stacks, 1.0 no checksums either (and a 64-byte header).
+std::string as_version(const std::string& bytes, uint16_t minor) {
   TcgFile f = TcgFile::parse(bytes);
-  Json doc = Json::parse(f.json);
-  for (Json& t : doc["tensors"]) t.erase("crc32");
-  f.json = doc.dump();
-  f.minor = 0;
+  if (minor < 1) {
+    Json doc = Json::parse(f.json);
+    for (Json& t : doc["tensors"]) t.erase("crc32");
+    f.json = doc.dump();
+  }
+  f.minor = minor;
   return f.bytes();
 }
+std::string as_version_10(const std::string& bytes) { return as_version(bytes, 0); }
 
-TEST(LoadVersion10, StillLoads) {
+TEST(LoadEarlierVersions, StillLoad) {
   GraphModule gm = testing::small_module();
-  std::string b = as_version_10(save_to_string(gm));
-  ASSERT_EQ(TcgFile::get(b, 12, 4), 64u);
-  GraphModule loaded = load_from_buffer(b.data(), b.size(), "f.tcg");
-  expect_same_module(gm, loaded);
+  for (uint16_t minor : {0, 1}) {
+    std::string b = as_version(save_to_string(gm), minor);
+    ASSERT_EQ(TcgFile::get(b, 10, 2), minor);
+    ASSERT_EQ(TcgFile::get(b, 12, 4), minor == 0 ? 64u : 72u);
+    expect_same_module(gm, load_from_buffer(b.data(), b.size(), "f.tcg"));
+  }
 }
 
 TEST(LoadVersion10, RejectsWhatOnlyLaterVersionsHave) {
@@ -1273,6 +1301,36 @@ TEST(LoadRejects, FuzzNumberOverflow) {
   f.json.replace(at, 3, "1e999");
   EXPECT_EQ(load_error(f.bytes()),
             "f.tcg: byte 72: the JSON section is not valid JSON: number overflow parsing '1e999'");
+}
+
+TEST(LoadVersion11, RejectsWhatOnlyLaterVersionsHave) {
+  std::string b = as_version(valid(), 1);
+  std::string stacks = with_json(b, [](Json& d) { d["module_stacks"] = Json::array(); });
+  EXPECT_EQ(load_error(stacks), "f.tcg: byte 72: unknown key 'module_stacks'");
+  std::string code = with_json(b, [](Json& d) {
+    d["nodes"][3]["meta"] = {{"stack_trace", {{{"file", "a.py"}, {"line", 1}, {"function", "f"},
+                                               {"code", "x"}}}}};
+  });
+  EXPECT_EQ(load_error(code), at_node(code, 3) +
+                                  "node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code'");
+}
+
+TEST(LoadRejects, ModuleStackOutOfRange) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["module_stacks"] = {{{{"path", "a"}, {"type", "A"}}}};
+    d["nodes"][3]["meta"] = {{"module_stack", 1}};
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %add (nodes[3]): meta.module_stack: module stack 1 is not in "
+                               "the module stack table of 1");
+}
+
+TEST(LoadRejects, ModuleFrameWithoutAType) {
+  std::string b = with_json(valid(), [](Json& d) {
+    d["module_stacks"] = {{{{"path", "a"}, {"type", "A"}}, {{"path", "a.b"}}}};
+  });
+  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(element_byte(b, "module_stacks", 0)) +
+                               ": module_stacks[0]: [1]: missing 'type'");
 }
 
 }  // namespace

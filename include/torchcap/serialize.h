@@ -27,8 +27,9 @@ namespace torchcap {
 // The format version this build writes. A reader accepts files of its major
 // version with any minor version (minor versions only add optional content).
 inline constexpr uint16_t kFormatMajorVersion = 1;
-// Version 1.1 added checksums; files of version 1.0 are still read.
-inline constexpr uint16_t kFormatMinorVersion = 1;
+// Version 1.1 added checksums, 1.2 source lines in stack frames and module
+// stacks; files of versions 1.0 and 1.1 are still read.
+inline constexpr uint16_t kFormatMinorVersion = 2;
 
 struct LoadOptions {
   // Check the CRC-32 checksums a file of version 1.1 or later carries: of its

@@ -30,7 +30,7 @@ import torch.fx
 from torch.fx.graph import CodeGen
 
 FORMAT_MAJOR_VERSION = 1
-FORMAT_MINOR_VERSION = 1
+FORMAT_MINOR_VERSION = 2
 
 _MAGIC = b"\x89TCG\r\n\x1a\n"
 # magic, major, minor, header size, file size, JSON offset, JSON size,
@@ -45,7 +45,6 @@ _ALIGNMENT = 64
 _MAX_DIMS = 64
 _MAX_JSON_SIZE = 1 << 30
 _INT64_MAX = (1 << 63) - 1
-_WORD = re.compile(r"\w+")
 _NODE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names a node cannot take because generated code would break: keywords,
 # builtins, and names the code uses. The same list as the C++ graph's
@@ -111,6 +110,27 @@ _MEMORY_FORMATS = {
     "channels_last_3d": torch.channels_last_3d,
 }
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+# The keys of each JSON object, with the minor version that added each
+# (Note [Keys by version] in src/serialize/format.h).
+_KEYS = {
+    "document": {"module_stacks": 2, "nodes": 0, "attributes": 0, "tensors": 0, "in_spec": 0,
+                 "out_spec": 0, "signature": 0},
+    "node": {"name": 0, "op": 0, "target": 0, "args": 0, "kwargs": 0, "meta": 0},
+    "meta": {"val": 0, "stack_trace": 0, "module_stack": 2},
+    "value": {"kind": 0, "tensors": 0},
+    "tensor_meta": {"dtype": 0, "sizes": 0, "strides": 0, "device": 0},
+    "frame": {"file": 0, "line": 0, "function": 0, "code": 2},
+    "module_frame": {"path": 2, "type": 2},
+    "tensor": {"name": 0, "dtype": 0, "sizes": 0, "strides": 0, "offset": 0, "length": 0,
+               "crc32": 1},
+    "attribute": {"name": 0, "kind": 0, "tensor": 0},
+    "signature": {"outputs": 0},
+    "output": {"kind": 0, "target": 0},
+    "leaf_spec": {"kind": 0},
+    "constant_spec": {"kind": 0, "value": 0},
+    "sequence_spec": {"kind": 0, "children": 0},
+    "dict_spec": {"kind": 0, "keys": 0, "children": 0},
+}
 
 
 class _Spec:
@@ -205,7 +225,22 @@ class TorchcapCodeGen(CodeGen):
         # (kind, target) of the output values after the user outputs: the new
         # values of buffers and inputs the program wrote (the signature).
         self.mutations = list(mutations)
-        self.placeholders = placeholders or {}  # the file's placeholder names -> nodes
+        # The file's placeholder names -> their names in the code. Names, not
+        # nodes: a deep copy of the module copies its code generator, and nodes
+        # would drag the whole graph into that copy, one recursion per node.
+        self.placeholders = placeholders or {}
+        self._body_transformer = _AttributeAccess()
+
+    def _gen_python_code(self, nodes, root_module, namespace, **kwargs):
+        # Note [Attribute names in generated code]: torch.nn accepts any
+        # attribute name without a dot ("block1-0", "class", 'a"b'), but
+        # torch.fx writes get_attr targets into code as self.class or
+        # getattr(self, "a"b"), which do not compile. Each get_attr statement
+        # is rewritten with an access expression that is valid for any name.
+        self._body_transformer.statements = {
+            f"{node.name} = ": _attribute_expression(node.target, root_module)
+            for node in nodes if node.op == "get_attr"}
+        return super()._gen_python_code(nodes, root_module, namespace, **kwargs)
 
     def gen_fn_def(self, free_vars, maybe_return_annotation):
         placeholders = list(free_vars)
@@ -240,7 +275,7 @@ class TorchcapCodeGen(CodeGen):
         lines = []
         for (kind, target), value in zip(self.mutations, results[num_user:]):
             dest = (_attribute_expression(target) if kind == "buffer_mutation"
-                    else repr(self.placeholders[target]))
+                    else self.placeholders[target])
             lines.append(f"{dest}.copy_({value!r})")
         leaves = [repr(a) for a in results[:num_user]]
         lines.append("return " + _spec_expression(self.out_spec, leaves))
@@ -255,9 +290,27 @@ class TorchcapCodeGen(CodeGen):
         return _spec_unflatten(self.out_spec, list(results[:len(results) - len(self.mutations)]))
 
 
-def _attribute_expression(path):
-    """self.a.b, with getattr(..., '0') for parts that are not identifiers."""
-    expr = "self"
+class _AttributeAccess:
+    """Rewrites get_attr statements in torch.fx's code body (Note [Attribute names in
+    generated code]). A plain object, so that copies of the module copy it too."""
+
+    def __init__(self):
+        self.statements = {}  # "NAME = " of each get_attr node -> its access expression
+
+    def __call__(self, body):
+        # torch.fx emits a get_attr node as one body element, "NAME = access";
+        # no other element starts with that node's "NAME = ".
+        out = []
+        for line in body:
+            head = line.split(" = ", 1)[0] + " = "
+            access = self.statements.get(head)
+            out.append(head + access if access is not None else line)
+        return out
+
+
+def _attribute_expression(path, root="self"):
+    """self.a.b, with getattr(..., '0') for parts that are not identifiers or are keywords."""
+    expr = root
     for part in path.split("."):
         if part.isidentifier() and not keyword.iskeyword(part):
             expr += "." + part
@@ -273,6 +326,8 @@ class _Reader:
         self.verify = verify_checksums
         self.checksums = False
         self.strict = True
+        self.minor = FORMAT_MINOR_VERSION
+        self.module_stacks = []
         self._scan = None
         self._big_integer = False
 
@@ -310,6 +365,7 @@ class _Reader:
             self.fail(8, f"format version {version} is not supported; this torchcap "
                          f"reads version {FORMAT_MAJOR_VERSION}.x")
         self.strict = minor <= FORMAT_MINOR_VERSION
+        self.minor = minor
         self.checksums = minor >= 1
         expected_header = _HEADER_SIZE if self.checksums else _BASE_HEADER_SIZE
         if size < expected_header:
@@ -388,8 +444,7 @@ class _Reader:
             self.fail(self.json_offset, "the JSON section must hold an object, not "
                                         f"{_json_type(doc)}")
         self.doc = doc
-        self.check_keys(doc, ("nodes", "attributes", "tensors", "in_spec", "out_spec",
-                              "signature"), self.json_offset, "")
+        self.check_keys(doc, "document", self.json_offset, "")
 
     def _parse_int(self, text):
         value = int(text)
@@ -415,11 +470,13 @@ class _Reader:
             self.fail(self.json_offset, f"the JSON section has no '{key}'")
         return self.doc[key]
 
-    def check_keys(self, obj, allowed, offset, label):
+    def check_keys(self, obj, table, offset, label):
+        """Refuses keys the file's version does not have (Note [Keys by version])."""
         if not self.strict:
             return
+        allowed = _KEYS[table]
         for k in obj:
-            if k not in allowed:
+            if allowed.get(k, self.minor + 1) > self.minor:
                 self.fail(offset, f"{label}unknown key '{k}'")
 
     # --- Typed fields ---------------------------------------------------------
@@ -490,8 +547,7 @@ class _Reader:
             t = _Lazy(lambda i=i: self.element_offset("tensors", i))
             label = f"tensors[{i}]: "
             self.expect(entry, "object", t.offset, label)
-            keys = ("name", "dtype", "sizes", "strides", "offset", "length")
-            self.check_keys(entry, keys + ("crc32",) if self.checksums else keys, t.offset, label)
+            self.check_keys(entry, "tensor", t.offset, label)
             name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
                                label + "name: ")
             if not name:
@@ -575,6 +631,30 @@ class _Reader:
                           f"tensor '{name}' (tensors[{index}]): its bytes overlap those of "
                           f"tensor '{other}'")
 
+    # --- Module stacks --------------------------------------------------------
+
+    def read_module_stacks(self):
+        """The table of distinct module stacks (version 1.2): lists of (path, (path, type))."""
+        if "module_stacks" not in self.doc:
+            return
+        at = lambda: self.top_offset("module_stacks")  # noqa: E731
+        table = self.expect(self.doc["module_stacks"], "array", at, "'module_stacks': ")
+        for i, entry in enumerate(table):
+            t = _Lazy(lambda i=i: self.element_offset("module_stacks", i))
+            label = f"module_stacks[{i}]: "
+            self.expect(entry, "array", t.offset, label)
+            frames = []
+            for k, f in enumerate(entry):
+                fl = f"{label}[{k}]: "
+                self.expect(f, "object", t.offset, fl)
+                self.check_keys(f, "module_frame", t.offset, fl)
+                path = self.expect(self.member(f, "path", t.offset, fl), "string", t.offset,
+                                   fl[:-2] + ".path: ")
+                kind = self.expect(self.member(f, "type", t.offset, fl), "string", t.offset,
+                                   fl[:-2] + ".type: ")
+                frames.append((path, (path, kind)))
+            self.module_stacks.append(tuple(frames))
+
     # --- Attributes -----------------------------------------------------------
 
     def read_attributes(self):
@@ -584,18 +664,13 @@ class _Reader:
             t = _Lazy(lambda i=i: self.element_offset("attributes", i))
             label = f"attributes[{i}]: "
             self.expect(entry, "object", t.offset, label)
-            self.check_keys(entry, ("name", "kind", "tensor"), t.offset, label)
+            self.check_keys(entry, "attribute", t.offset, label)
             name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
                                label + "name: ")
             label = f"attribute '{name}' (attributes[{i}]): "
             if not name or any(part == "" for part in name.split(".")):
                 self.fail(t.offset, label + "name: the name is not a dotted path of non-empty "
                                             "parts")
-            # torch.fx writes the parts into generated source, quoted but not
-            # escaped (getattr(self, "0")): only word characters are safe there.
-            if not all(_WORD.fullmatch(part) for part in name.split(".")):
-                self.fail(t.offset, label + "name: Python code cannot name it (a part is not "
-                                            "made of letters, digits and underscores)")
             if name in names:
                 self.fail(t.offset, label + "name: a second attribute has this name")
             names.add(name)
@@ -662,7 +737,13 @@ class _Reader:
                 pass
         # getattr also finds Python attributes of the packet (__call__, ...).
         if not isinstance(op, torch._ops.OpOverload):
-            self.fail(offset, f"{label}call_function: no operator {target} is registered")
+            if ns in ("aten", "prim", "prims"):
+                self.fail(offset, f"{label}call_function: no operator {target} is registered")
+            # A custom operator: registered only once its library is loaded.
+            self.fail(offset, f"{label}call_function: no operator {target} is registered in "
+                              "torch.ops; load the library that defines it first: "
+                              "torch.ops.load_library(path), or import the Python package that "
+                              "registers it (import torchvision for torchvision:: operators)")
         return op
 
     def check_kwargs(self, op, target, kwargs, offset, label):
@@ -675,11 +756,12 @@ class _Reader:
 
     def meta(self, node, value, offset, label):
         self.expect(value, "object", offset, label)
-        self.check_keys(value, ("val", "stack_trace"), offset, label)
+        self.check_keys(value, "meta", offset, label)
         if "val" in value:
             val = value["val"]
             vlabel = label[:-2] + ".val: "
             self.expect(val, "object", offset, vlabel)
+            self.check_keys(val, "value", offset, vlabel)
             kind = self.expect(self.member(val, "kind", offset, vlabel), "string", offset, vlabel)
             tensors = self.expect(self.member(val, "tensors", offset, vlabel), "array", offset,
                                   vlabel)
@@ -693,6 +775,7 @@ class _Reader:
             for i, t in enumerate(tensors):
                 tl = f"{vlabel[:-2]}.tensors[{i}]: "
                 self.expect(t, "object", offset, tl)
+                self.check_keys(t, "tensor_meta", offset, tl)
                 dtype = self.named(_DTYPES, self.member(t, "dtype", offset, tl), "dtype", offset,
                                    tl[:-2] + ".dtype: ")
                 sizes = self.dims(self.member(t, "sizes", offset, tl), offset,
@@ -713,6 +796,7 @@ class _Reader:
             for i, f in enumerate(frames):
                 fl = f"{flabel[:-2]}[{i}]: "
                 self.expect(f, "object", offset, fl)
+                self.check_keys(f, "frame", offset, fl)
                 file = self.expect(self.member(f, "file", offset, fl), "string", offset, fl)
                 line = self.integer(self.member(f, "line", offset, fl), offset,
                                     fl[:-2] + ".line: ", 0)
@@ -720,9 +804,23 @@ class _Reader:
                     self.fail(offset, fl[:-2] + ".line: line number too large")
                 function = self.expect(self.member(f, "function", offset, fl), "string", offset,
                                        fl)
-                lines.append(f'  File "{file}", line {line}, in {function}\n')
+                text = f'  File "{file}", line {line}, in {function}\n'
+                if "code" in f:
+                    code = self.expect(f["code"], "string", offset, fl[:-2] + ".code: ")
+                    if code:
+                        text += f"    {code}\n"
+                lines.append(text)
             # Python tracebacks put the innermost frame last; the file, first.
             node.stack_trace = "".join(reversed(lines))
+        if "module_stack" in value:
+            sl = label[:-2] + ".module_stack: "
+            index = self.integer(value["module_stack"], offset, sl)
+            if not 0 <= index < len(self.module_stacks):
+                self.fail(offset, f"{sl}module stack {index} is not in the module stack table "
+                                  f"of {len(self.module_stacks)}")
+            # torch.fx's form: the enclosing modules, outermost first, each
+            # path -> (path, type); the type is the class's qualified name.
+            node.meta["nn_module_stack"] = dict(self.module_stacks[index])
 
     def read_nodes(self):
         nodes = self.expect(self.top("nodes"), "array", self.json_offset, "'nodes': ")
@@ -732,8 +830,7 @@ class _Reader:
             t = _Lazy(lambda i=i: self.element_offset("nodes", i))
             label = f"nodes[{i}]: "
             self.expect(entry, "object", t.offset, label)
-            self.check_keys(entry, ("name", "op", "target", "args", "kwargs", "meta"), t.offset,
-                            label)
+            self.check_keys(entry, "node", t.offset, label)
             name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
                                label + "name: ")
             label = f"node %{name} (nodes[{i}]): "
@@ -809,10 +906,10 @@ class _Reader:
         kind = self.expect(self.member(value, "kind", offset, label), "string", offset,
                            label[:-2] + ".kind: ")
         if kind in ("leaf", "none"):
-            self.check_keys(value, ("kind",), offset, label)
+            self.check_keys(value, "leaf_spec", offset, label)
             return _Spec(kind)
         if kind == "constant":
-            self.check_keys(value, ("kind", "value"), offset, label)
+            self.check_keys(value, "constant_spec", offset, label)
             return _Spec(kind, value=self.constant(self.member(value, "value", offset, label),
                                                    offset, label[:-2] + ".value: "))
         if kind not in ("tuple", "list", "dict"):
@@ -822,9 +919,9 @@ class _Reader:
         specs = [self.spec(c, offset, f"{label[:-2]}.children[{i}]: ")
                  for i, c in enumerate(children)]
         if kind != "dict":
-            self.check_keys(value, ("kind", "children"), offset, label)
+            self.check_keys(value, "sequence_spec", offset, label)
             return _Spec(kind, specs)
-        self.check_keys(value, ("kind", "keys", "children"), offset, label)
+        self.check_keys(value, "dict_spec", offset, label)
         keys = self.expect(self.member(value, "keys", offset, label), "array", offset,
                            label[:-2] + ".keys: ")
         if len(keys) != len(specs):
@@ -851,14 +948,14 @@ class _Reader:
         label = "'signature': "
         at = lambda: self.top_offset("signature")  # noqa: E731
         sig = self.expect(self.doc["signature"], "object", at, label)
-        self.check_keys(sig, ("outputs",), at, label)
+        self.check_keys(sig, "signature", at, label)
         outputs = self.expect(sig.get("outputs", []), "array", at, label + "outputs: ")
         mutations = []
         attributes = {name: kind for name, kind, _ in self.attributes}
         for i, o in enumerate(outputs):
             ol = f"{label}outputs[{i}]: "
             self.expect(o, "object", at, ol)
-            self.check_keys(o, ("kind", "target"), at, ol)
+            self.check_keys(o, "output", at, ol)
             kind = self.expect(self.member(o, "kind", at, ol), "string", at, ol[:-2] + ".kind: ")
             if kind not in ("user", "buffer_mutation", "input_mutation"):
                 self.fail(at, f"{ol[:-2]}.kind: unknown output kind '{kind}'")
@@ -908,6 +1005,7 @@ class _Reader:
         self.read_json()
         self.read_tensors()
         self.read_attributes()
+        self.read_module_stacks()
         self.read_nodes()
         in_spec = self.spec(self.top("in_spec"), lambda: self.top_offset("in_spec"),
                             "'in_spec': ")
@@ -948,7 +1046,7 @@ class _Reader:
                                             f"'{node.target}', which the file does not have")
         self.graph.set_codegen(TorchcapCodeGen(
             in_spec, out_spec, mutations,
-            {name: node for name, node in self.env.items() if node.op == "placeholder"}))
+            {name: node.name for name, node in self.env.items() if node.op == "placeholder"}))
         gm.graph = self.graph
         return gm
 

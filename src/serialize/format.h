@@ -10,8 +10,10 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace torchcap::format {
 
@@ -68,6 +70,59 @@ namespace field {
 inline constexpr uint64_t kMagic = 0, kMajor = 8, kMinor = 10, kHeaderSize = 12, kFileSize = 16,
                           kJsonOffset = 24, kJsonSize = 32, kDataOffset = 40, kDataSize = 48,
                           kAlignment = 56, kFlags = 60, kJsonCrc = 64, kHeaderCrc = 68;
+}
+
+// Note [Keys by version]: each JSON object of the format has a fixed set of
+// keys, and each key the minor version that added it. A reader refuses, in a
+// file of a version it knows, any key that version does not have; in a file of
+// a newer minor version it skips unknown keys. Writer and reader (and, through
+// `torchcap_format_tables`, the Python loader) use these tables.
+struct Key {
+  const char* name;
+  uint16_t since;  // the minor version that added the key
+};
+using Keys = std::initializer_list<Key>;
+
+namespace keys {
+inline constexpr Keys kDocument = {{"module_stacks", 2}, {"nodes", 0},    {"attributes", 0},
+                                   {"tensors", 0},       {"in_spec", 0},  {"out_spec", 0},
+                                   {"signature", 0}};
+inline constexpr Keys kNode = {{"name", 0}, {"op", 0},     {"target", 0},
+                               {"args", 0}, {"kwargs", 0}, {"meta", 0}};
+inline constexpr Keys kMeta = {{"val", 0}, {"stack_trace", 0}, {"module_stack", 2}};
+inline constexpr Keys kValue = {{"kind", 0}, {"tensors", 0}};
+inline constexpr Keys kTensorMeta = {{"dtype", 0}, {"sizes", 0}, {"strides", 0}, {"device", 0}};
+inline constexpr Keys kFrame = {{"file", 0}, {"line", 0}, {"function", 0}, {"code", 2}};
+inline constexpr Keys kModuleFrame = {{"path", 2}, {"type", 2}};
+inline constexpr Keys kTensor = {{"name", 0},    {"dtype", 0},  {"sizes", 0}, {"strides", 0},
+                                 {"offset", 0},  {"length", 0}, {"crc32", 1}};
+inline constexpr Keys kAttribute = {{"name", 0}, {"kind", 0}, {"tensor", 0}};
+inline constexpr Keys kSignature = {{"outputs", 0}};
+inline constexpr Keys kOutput = {{"kind", 0}, {"target", 0}};
+// Tree specs: the keys depend on the kind.
+inline constexpr Keys kLeafSpec = {{"kind", 0}};
+inline constexpr Keys kConstantSpec = {{"kind", 0}, {"value", 0}};
+inline constexpr Keys kSequenceSpec = {{"kind", 0}, {"children", 0}};
+inline constexpr Keys kDictSpec = {{"kind", 0}, {"keys", 0}, {"children", 0}};
+
+// Every table above by the name the Python loader knows it by.
+inline constexpr std::pair<const char*, Keys> kAll[] = {
+    {"document", kDocument},     {"node", kNode},
+    {"meta", kMeta},             {"value", kValue},
+    {"tensor_meta", kTensorMeta}, {"frame", kFrame},
+    {"module_frame", kModuleFrame}, {"tensor", kTensor},
+    {"attribute", kAttribute},   {"signature", kSignature},
+    {"output", kOutput},         {"leaf_spec", kLeafSpec},
+    {"constant_spec", kConstantSpec}, {"sequence_spec", kSequenceSpec},
+    {"dict_spec", kDictSpec}};
+}  // namespace keys
+
+// Whether `name` is one of `keys` in a file of version 1.`minor`.
+inline bool has_key(const Keys& keys, const std::string& name, uint16_t minor) {
+  for (const Key& k : keys) {
+    if (name == k.name) return k.since <= minor;
+  }
+  return false;
 }
 
 // Files of version 1.1 and later carry checksums: the header's, the JSON

@@ -118,6 +118,16 @@ struct Where {
   std::string label;
 };
 
+// An operator outside LibTorch's own namespaces (torchvision::nms, a user's
+// library): present only if its library was loaded into the process.
+bool is_custom_operator(const std::string& target) {
+  if (target.find("::") == std::string::npos) return false;
+  for (const char* ns : {"aten::", "prim::", "prims::"}) {
+    if (target.rfind(ns, 0) == 0) return false;
+  }
+  return true;
+}
+
 std::string list_str(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
@@ -154,10 +164,10 @@ class Reader {
   GraphModule read() {
     read_header();
     parse_json();
-    check_keys(doc_, {"nodes", "attributes", "tensors", "in_spec", "out_spec", "signature"},
-               top_, Path{});
+    check_keys(doc_, format::keys::kDocument, top_, Path{});
     read_tensors();
     read_attributes();
+    read_module_stacks();
     GraphModule gm;
     read_nodes(gm.graph());
     gm.in_spec = read_spec(top_member("in_spec"), top_where("in_spec"), Path{});
@@ -365,13 +375,14 @@ class Reader {
     return h_.json_offset + it->second[i];
   }
 
-  void check_keys(const Json& obj, std::initializer_list<const char*> allowed, const Where& w,
+  // Note [Keys by version] in format.h.
+  void check_keys(const Json& obj, const format::Keys& allowed, const Where& w,
                   const Path& p) const {
     if (!strict_) return;
     for (auto it = obj.begin(); it != obj.end(); ++it) {
-      bool known = false;
-      for (const char* k : allowed) known |= it.key() == k;
-      if (!known) fail(w, p, "unknown key '" + it.key() + "'");
+      if (!format::has_key(allowed, it.key(), h_.minor)) {
+        fail(w, p, "unknown key '" + it.key() + "'");
+      }
     }
   }
 
@@ -468,12 +479,7 @@ class Reader {
     for (size_t i = 0; i < table.size(); ++i) {
       Where e{element_offset("tensors", i), "tensors[" + std::to_string(i) + "]"};
       const Json& t = object(table[i], e, Path{});
-      if (checksums_) {
-        check_keys(t, {"name", "dtype", "sizes", "strides", "offset", "length", "crc32"}, e,
-                   Path{});
-      } else {
-        check_keys(t, {"name", "dtype", "sizes", "strides", "offset", "length"}, e, Path{});
-      }
+      check_keys(t, format::keys::kTensor, e, Path{});
       Path root;
       const std::string& name = string(member(t, "name", e, root), e, root.at("name"));
       if (name.empty()) fail(e, root.at("name"), "the name is empty");
@@ -604,6 +610,30 @@ class Reader {
     }
   }
 
+  // --- Module stacks ---------------------------------------------------------
+
+  // The table of distinct module stacks nodes refer to by index (version 1.2).
+  // Each entry becomes one ModuleStack, which the nodes then share.
+  void read_module_stacks() {
+    auto it = doc_.find("module_stacks");
+    if (it == doc_.end()) return;
+    array(*it, top_where("module_stacks"), Path{});
+    for (size_t i = 0; i < it->size(); ++i) {
+      Where e{element_offset("module_stacks", i), "module_stacks[" + std::to_string(i) + "]"};
+      const Json& list = array((*it)[i], e, Path{});
+      std::vector<ModuleFrame> frames;
+      Path root;
+      for (size_t k = 0; k < list.size(); ++k) {
+        Path p = root.at(static_cast<int64_t>(k));
+        const Json& f = object(list[k], e, p);
+        check_keys(f, format::keys::kModuleFrame, e, p);
+        frames.push_back(ModuleFrame{string(member(f, "path", e, p), e, p.at("path")),
+                                     string(member(f, "type", e, p), e, p.at("type"))});
+      }
+      module_stacks_.emplace_back(std::move(frames));
+    }
+  }
+
   // --- Attributes ------------------------------------------------------------
 
   struct PendingAttribute {
@@ -619,7 +649,7 @@ class Reader {
     for (size_t i = 0; i < table.size(); ++i) {
       Where e{element_offset("attributes", i), "attributes[" + std::to_string(i) + "]"};
       const Json& a = object(table[i], e, Path{});
-      check_keys(a, {"name", "kind", "tensor"}, e, Path{});
+      check_keys(a, format::keys::kAttribute, e, Path{});
       Path root;
       const std::string& name = string(member(a, "name", e, root), e, root.at("name"));
       e.label = "attribute '" + name + "' (" + e.label + ")";
@@ -712,7 +742,7 @@ class Reader {
 
   TensorMeta tensor_meta(const Json& v, const Where& w, const Path& p) const {
     object(v, w, p);
-    check_keys(v, {"dtype", "sizes", "strides", "device"}, w, p);
+    check_keys(v, format::keys::kTensorMeta, w, p);
     TensorMeta m;
     m.dtype = dtype(member(v, "dtype", w, p), w, p.at("dtype"));
     m.sizes = dims(member(v, "sizes", w, p), w, p.at("sizes"), true);
@@ -727,12 +757,12 @@ class Reader {
 
   NodeMeta node_meta(const Json& v, const Where& w, const Path& p) const {
     object(v, w, p);
-    check_keys(v, {"val", "stack_trace"}, w, p);
+    check_keys(v, format::keys::kMeta, w, p);
     NodeMeta meta;
     if (auto it = v.find("val"); it != v.end()) {
       Path q = p.at("val");
       object(*it, w, q);
-      check_keys(*it, {"kind", "tensors"}, w, q);
+      check_keys(*it, format::keys::kValue, w, q);
       const std::string& kind = string(member(*it, "kind", w, q), w, q.at("kind"));
       size_t want = 0;  // tensors required; SIZE_MAX: any number
       if (kind == "tensor") {
@@ -766,16 +796,28 @@ class Reader {
       for (size_t i = 0; i < frames.size(); ++i) {
         Path f = q.at(static_cast<int64_t>(i));
         object(frames[i], w, f);
-        check_keys(frames[i], {"file", "line", "function"}, w, f);
+        check_keys(frames[i], format::keys::kFrame, w, f);
         SourceFrame frame;
         frame.file = string(member(frames[i], "file", w, f), w, f.at("file"));
         int64_t line = non_negative(member(frames[i], "line", w, f), w, f.at("line"));
         if (line > std::numeric_limits<int>::max()) fail(w, f.at("line"), "line number too large");
         frame.line = static_cast<int>(line);
         frame.function = string(member(frames[i], "function", w, f), w, f.at("function"));
+        if (auto code = frames[i].find("code"); code != frames[i].end()) {
+          frame.code = string(*code, w, f.at("code"));
+        }
         out.push_back(std::move(frame));
       }
       meta.stack_trace = StackTrace::from_frames(std::move(out));
+    }
+    if (auto it = v.find("module_stack"); it != v.end()) {
+      int64_t index = integer(*it, w, p.at("module_stack"));
+      if (index < 0 || static_cast<uint64_t>(index) >= module_stacks_.size()) {
+        fail(w, p.at("module_stack"), "module stack " + std::to_string(index) +
+                                          " is not in the module stack table of " +
+                                          std::to_string(module_stacks_.size()));
+      }
+      meta.module_stack = module_stacks_[static_cast<size_t>(index)];
     }
     return meta;
   }
@@ -786,7 +828,7 @@ class Reader {
     for (size_t i = 0; i < nodes.size(); ++i) {
       Where w{element_offset("nodes", i), "nodes[" + std::to_string(i) + "]"};
       const Json& j = object(nodes[i], w, Path{});
-      check_keys(j, {"name", "op", "target", "args", "kwargs", "meta"}, w, Path{});
+      check_keys(j, format::keys::kNode, w, Path{});
       Path root;
       const std::string& name = string(member(j, "name", w, root), w, root.at("name"));
       w.label = "node %" + name + " (" + w.label + ")";
@@ -848,7 +890,13 @@ class Reader {
         throw;
       } catch (const Error& e) {
         // call_function: no such operator; get_attr: empty path.
-        fail(w, root, e.what());
+        std::string what = e.what();
+        if (op == "call_function" && is_custom_operator(target) && n == nullptr) {
+          // Note [Custom operators]: registered only once their library is loaded.
+          what += "; load the library that defines it first (dlopen it or link it into the "
+                  "program, as torch.ops.load_library does in Python)";
+        }
+        fail(w, root, what);
       }
       if (n->name() != name) {
         fail(w, root.at("name"), "duplicate or invalid node name '" + name + "'");
@@ -873,7 +921,7 @@ class Reader {
   // order is GraphModule::lint's to check, at the end.
   std::vector<OutputSpec> read_signature(const Json& v, const Where& w) const {
     object(v, w, Path{});
-    check_keys(v, {"outputs"}, w, Path{});
+    check_keys(v, format::keys::kSignature, w, Path{});
     std::vector<OutputSpec> out;
     auto it = v.find("outputs");
     if (it == v.end()) return out;
@@ -883,7 +931,7 @@ class Reader {
     for (size_t i = 0; i < it->size(); ++i) {
       Path p = op.at(static_cast<int64_t>(i));
       const Json& o = object((*it)[i], w, p);
-      check_keys(o, {"kind", "target"}, w, p);
+      check_keys(o, format::keys::kOutput, w, p);
       const std::string& kind = string(member(o, "kind", w, p), w, p.at("kind"));
       std::optional<OutputKind> k = format::output_kind_from_token(kind);
       if (!k) fail(w, p.at("kind"), "unknown output kind '" + kind + "'");
@@ -911,11 +959,11 @@ class Reader {
     object(v, w, p);
     const std::string& kind = string(member(v, "kind", w, p), w, p.at("kind"));
     if (kind == "leaf" || kind == "none") {
-      check_keys(v, {"kind"}, w, p);
+      check_keys(v, format::keys::kLeafSpec, w, p);
       return kind == "leaf" ? TreeSpec::leaf() : TreeSpec::none();
     }
     if (kind == "constant") {
-      check_keys(v, {"kind", "value"}, w, p);
+      check_keys(v, format::keys::kConstantSpec, w, p);
       return TreeSpec::constant(constant(member(v, "value", w, p), w, p.at("value")));
     }
     if (kind != "tuple" && kind != "list" && kind != "dict") {
@@ -928,10 +976,10 @@ class Reader {
       specs.push_back(read_spec(children[i], w, cp.at(static_cast<int64_t>(i))));
     }
     if (kind != "dict") {
-      check_keys(v, {"kind", "children"}, w, p);
+      check_keys(v, format::keys::kSequenceSpec, w, p);
       return kind == "tuple" ? TreeSpec::tuple(std::move(specs)) : TreeSpec::list(std::move(specs));
     }
-    check_keys(v, {"kind", "keys", "children"}, w, p);
+    check_keys(v, format::keys::kDictSpec, w, p);
     Path kp = p.at("keys");
     const Json& keys = array(member(v, "keys", w, p), w, kp);
     if (keys.size() != specs.size()) {
@@ -973,6 +1021,7 @@ class Reader {
   std::vector<at::Tensor> tensors_;
   std::vector<std::string> tensor_names_;
   std::vector<PendingAttribute> attributes_;
+  std::vector<ModuleStack> module_stacks_;
 };
 
 std::string errno_message() { return std::strerror(errno); }

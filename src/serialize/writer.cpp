@@ -110,7 +110,8 @@ const char* value_kind_name(ValueKind k) {
   return nullptr;
 }
 
-Json meta_json(const NodeMeta& meta, const std::string& where) {
+// `module_stack`: the stack's index in the module stack table, or -1 for none.
+Json meta_json(const NodeMeta& meta, int64_t module_stack, const std::string& where) {
   Json out = Json::object();
   if (meta.val.known()) {
     Json tensors = Json::array();
@@ -124,12 +125,15 @@ Json meta_json(const NodeMeta& meta, const std::string& where) {
   if (!frames.empty()) {
     Json list = Json::array();
     for (const SourceFrame& f : frames) {
-      list.push_back(Json{{"file", format::utf8_or_replace(f.file)},
-                          {"line", f.line},
-                          {"function", format::utf8_or_replace(f.function)}});
+      Json frame{{"file", format::utf8_or_replace(f.file)},
+                 {"line", f.line},
+                 {"function", format::utf8_or_replace(f.function)}};
+      if (!f.code.empty()) frame["code"] = format::utf8_or_replace(f.code);
+      list.push_back(std::move(frame));
     }
     out["stack_trace"] = std::move(list);
   }
+  if (module_stack >= 0) out["module_stack"] = module_stack;
   return out;
 }
 
@@ -225,6 +229,10 @@ class Writer {
       fail(std::string("the module does not pass lint: ") + e.what());
     }
     Json doc = Json::object();
+    // Before the nodes that refer to it, so that a reader reading in order
+    // has the table when it needs it.
+    Json stacks = module_stacks_json();
+    if (!stacks.empty()) doc["module_stacks"] = std::move(stacks);
     doc["nodes"] = nodes_json();
     Json attributes = Json::array();
     for (const Attribute& a : gm_.attributes()) {
@@ -311,11 +319,43 @@ class Writer {
         }
         entry["kwargs"] = std::move(kwargs);
       }
-      Json meta = meta_json(n->meta(), where);
+      Json meta = meta_json(n->meta(), module_stack_index(n->meta().module_stack), where);
       if (!meta.empty()) entry["meta"] = std::move(meta);
       nodes.push_back(std::move(entry));
     }
     return nodes;
+  }
+
+  // The distinct module stacks of the nodes, in order of first use. Nodes
+  // of one module share one list (ModuleStack copies do), found by address;
+  // equal lists at different addresses are merged by their contents.
+  Json module_stacks_json() {
+    Json table = Json::array();
+    std::unordered_map<std::string, size_t> by_content;
+    for (const Node* n : gm_.graph()) {
+      const ModuleStack& stack = n->meta().module_stack;
+      if (stack.empty()) continue;
+      const std::vector<ModuleFrame>& frames = stack.frames();
+      if (stack_index_.count(&frames)) continue;
+      std::string key;
+      for (const ModuleFrame& f : frames) key += f.path + '\0' + f.type + '\0';
+      auto [it, inserted] = by_content.emplace(std::move(key), table.size());
+      stack_index_.emplace(&frames, it->second);
+      if (!inserted) continue;
+      Json list = Json::array();
+      for (const ModuleFrame& f : frames) {
+        const std::string where = "node %" + n->name() + ": module '" + f.path + "'";
+        list.push_back(Json{{"path", checked_utf8(f.path, where)},
+                            {"type", checked_utf8(f.type, where)}});
+      }
+      table.push_back(std::move(list));
+    }
+    return table;
+  }
+
+  int64_t module_stack_index(const ModuleStack& stack) const {
+    if (stack.empty()) return -1;
+    return static_cast<int64_t>(stack_index_.at(&stack.frames()));
   }
 
   // One table entry per tensor, however many attributes name it (tied
@@ -348,6 +388,7 @@ class Writer {
   }
 
   const GraphModule& gm_;
+  std::unordered_map<const std::vector<ModuleFrame>*, size_t> stack_index_;
   std::unordered_map<const c10::TensorImpl*, size_t> index_;
   std::vector<StoredTensor> tensors_;
   uint64_t data_size_ = 0;

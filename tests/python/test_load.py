@@ -159,10 +159,90 @@ def test_exported_writes_reach_buffers_and_inputs(files):
     assert_same(x, unpickle(files / "exported_input.input_after.pt"), "the input")
 
 
+def test_source_lines_and_module_stacks_reach_node_meta(files):
+    gm = torchcap.load(files / "arguments.tcg")
+    relu = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.relu.default)
+    # torch.fx's text: outermost frame first, each source line under its frame.
+    assert relu.meta["stack_trace"] == (
+        '  File "main.py", line 2147483647, in main\n'
+        "    return run(model, x)\n"
+        '  File "", line 0, in \n'
+        '  File "src/m\u00f6del.cpp", line 42, in torchcap::Model::forward(at::Tensor)\n')
+    # nn_module_stack: outermost module first, path -> (path, type).
+    assert relu.meta["nn_module_stack"] == {
+        "layer1": ("layer1", "torch.nn.modules.container.Sequential"),
+        "layer1.0": ("layer1.0", "torchvision.models.resnet.BasicBlock")}
+    assert list(relu.meta["nn_module_stack"]) == ["layer1", "layer1.0"]
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    assert x.meta["nn_module_stack"] == {
+        "block1-0.class": ("block1-0.class", "m\u00f6dule.Odd")}
+    clone = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.clone.default)
+    assert "nn_module_stack" not in clone.meta and "stack_trace" not in clone.meta
+
+
+def test_any_attribute_name_torch_nn_accepts(files):
+    gm = torchcap.load(files / "odd_names.tcg")
+    (x,) = unpickle(files / "odd_names.inputs.pt")
+    assert_same(gm(x)[0], unpickle(files / "odd_names.expected.pt"))
+    names = ["trunk_output.block1.block1-0.proj.0.weight", "import.None",
+             'say "hi"\\.0', "with space.m\u00f6dule", "lambda.def.return"]
+    for name in names:
+        assert isinstance(gm.get_parameter(name), torch.nn.Parameter), name
+    assert gm.get_buffer("class.if").shape == (3,)
+    assert isinstance(gm.get_submodule("trunk_output.block1.block1-0"), torch.nn.Module)
+    # The code names them the way torch.nn's getattr finds them, and the
+    # module survives what torch.fx does to modules: copying and recompiling.
+    assert "getattr(self, 'class')" in gm.code
+    assert "getattr(self.trunk_output.block1, 'block1-0').proj" in gm.code
+    copy = __import__("copy").deepcopy(gm)
+    assert_same(copy(x)[0], unpickle(files / "odd_names.expected.pt"))
+    gm.recompile()
+    assert_same(gm(x)[0], unpickle(files / "odd_names.expected.pt"))
+
+
+def test_custom_operators_resolve_through_torch_ops(files, tmp_path):
+    path = files / "custom_op.tcg"
+    # Not registered in this process yet (a fresh interpreter, to be sure).
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, torchcap; torchcap.load(sys.argv[1])", str(path)],
+        capture_output=True, text=True,
+        env=dict(os.environ, PYTHONPATH=str(pathlib.Path(torchcap.__file__).parents[1])))
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: ") and "torchcap_fixture::scale" in last, last
+    assert "torch.ops.load_library(path)" in last, last
+
+    # Registered (here by Python; a C++ library would be torch.ops.load_library'd).
+    lib = torch.library.Library("torchcap_fixture", "DEF")
+    lib.define("scale(Tensor x, float s) -> Tensor")
+    lib.impl("scale", lambda x, s: x * s, "CPU")
+    gm = torchcap.load(path)
+    assert any(n.target is torch.ops.torchcap_fixture.scale.default for n in gm.graph.nodes)
+    (x,) = unpickle(files / "custom_op.inputs.pt")
+    assert_same(gm(x)[0], unpickle(files / "custom_op.expected.pt"))
+
+    # torchvision's operators, once torchvision is imported: the same graph
+    # with nms(boxes, scores, 0.5) in place of scale(x, 2.5).
+    doc, data = sections(path.read_bytes())
+    node = next(n for n in doc["nodes"] if n["target"] == "torchcap_fixture::scale")
+    node["target"] = "torchvision::nms"
+    node["args"] = [{"node": "boxes"}, {"node": "scores"}, 0.5]
+    doc["nodes"][0]["name"] = doc["nodes"][0]["target"] = "boxes"
+    doc["nodes"].insert(1, {"name": "scores", "op": "placeholder", "target": "scores"})
+    doc["in_spec"]["children"].append({"kind": "leaf"})
+    (tmp_path / "nms.tcg").write_bytes(rebuild(doc, data))
+    import torchvision  # registers torch.ops.torchvision
+    gm = torchcap.load(tmp_path / "nms.tcg")
+    assert any(n.target is torch.ops.torchvision.nms.default for n in gm.graph.nodes)
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    assert torch.equal(gm(boxes, scores)[0], torchvision.ops.nms(boxes, scores, 0.5) + 1)
+
+
 # --- Damaged files -------------------------------------------------------------
 
 HEADER = struct.Struct("<8sHHIQQQQQII")
-JSON_AT = 72  # where version 1.1 puts the JSON section, after a 72-byte header
+JSON_AT = 72  # where versions 1.1 and 1.2 put the JSON section, after a 72-byte header
 
 
 def sections(data):
@@ -173,7 +253,7 @@ def sections(data):
 
 
 def rebuild(doc, data):
-    """A version 1.1 file of `doc` and `data` with every checksum recomputed:
+    """A version 1.2 file of `doc` and `data` with every checksum recomputed:
     what a test changed before is then a hostile file, not a damaged one."""
     for t in doc.get("tensors", []):
         if isinstance(t, dict) and "crc32" in t:
@@ -181,7 +261,7 @@ def rebuild(doc, data):
     return rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data)
 
 
-def rebuild_text(text, data, minor=1):
+def rebuild_text(text, data, minor=2):
     json_at = JSON_AT if minor >= 1 else 64
     data_offset = (json_at + len(text) + 63) // 64 * 64
     header = HEADER.pack(b"\x89TCG\r\n\x1a\n", 1, minor, json_at, data_offset + len(data),
@@ -193,7 +273,7 @@ def rebuild_text(text, data, minor=1):
 
 
 def in_json(data, needle):
-    """The byte where `needle` first occurs in a version 1.1 file's JSON."""
+    """The byte where `needle` first occurs in a version 1.2 file's JSON."""
     return JSON_AT + data[JSON_AT:].index(needle)
 
 
@@ -214,7 +294,7 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
     assert error(tmp_path, good[:20]) == (
         "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header")
     assert error(tmp_path, good[:8] + b"\x02" + good[9:]) == (
-        "f.tcg: byte 8: format version 2.1 is not supported; this torchcap reads version 1.x")
+        "f.tcg: byte 8: format version 2.2 is not supported; this torchcap reads version 1.x")
     assert error(tmp_path, good[:-1]) == (
         f"f.tcg: byte 16: the header gives the file size as {len(good)} bytes but the file "
         f"has {len(good) - 1} (truncated)")
@@ -318,14 +398,12 @@ def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
         f"f.tcg: byte {offset}: node %add (nodes[3]): aten::add.Tensor has no argument named "
         "'alpha=1, other'")
 
-    # Attribute names torch.fx would write into code unescaped.
+    # Attribute names torch.fx would write into code unescaped load all the same.
     doc, data = sections(good)
     doc["attributes"][0]["name"] = doc["nodes"][1]["target"] = 'w")'
-    bad = rebuild(doc, data)
-    offset = in_json(bad, b'{"name":"w\\")"')
-    assert error(tmp_path, bad) == (
-        f"f.tcg: byte {offset}: attribute 'w\")' (attributes[0]): name: Python code cannot "
-        "name it (a part is not made of letters, digits and underscores)")
+    path = tmp_path / "quote.tcg"
+    path.write_bytes(rebuild(doc, data))
+    assert """getattr(self, 'w")')""" in torchcap.load(path).code
 
     # An attribute whose name torch.nn.Module uses for a method.
     doc, data = sections(good)
@@ -396,3 +474,23 @@ def test_version_10_files_still_load(files, tmp_path):
     bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=0)
     offset = 64 + bad[64:].index(b'{"name":"w","dtype"')
     assert error(tmp_path, bad) == f"f.tcg: byte {offset}: tensors[0]: unknown key 'crc32'"
+
+
+def test_version_11_files_still_load(files, tmp_path):
+    good = (files / "small.tcg").read_bytes()
+    doc, data = sections(good)
+    path = tmp_path / "v11.tcg"
+    path.write_bytes(rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=1))
+    assert torchcap.load(path).code == torchcap.load(files / "small.tcg").code
+
+    # What version 1.2 added is unknown in a 1.1 file.
+    doc["module_stacks"] = []
+    bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=1)
+    assert error(tmp_path, bad) == "f.tcg: byte 72: unknown key 'module_stacks'"
+    del doc["module_stacks"]
+    doc["nodes"][3]["meta"] = {"stack_trace": [{"file": "a.py", "line": 1, "function": "f",
+                                                "code": "x"}]}
+    bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=1)
+    offset = in_json(bad, b'{"name":"add"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code'")

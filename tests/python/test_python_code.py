@@ -71,3 +71,39 @@ def test_generated_code_runs_as_graph_module(tmp_path):
     assert_same_structure_and_values(gm(*inputs), expected)
     # The code itself, called directly, agrees too.
     assert_same_structure_and_values(root(*inputs), expected)
+
+
+def run_case(tmp_path, name, trace=True):
+    """Runs the fixture's code for `name` (and, with `trace`, its torch.fx trace):
+    the results must be the interpreter's. Returns the code and the trace."""
+    code = (tmp_path / f"{name}.py").read_text()
+    namespace = {}
+    exec(compile(code, f"{name}.py", "exec"), namespace)
+    root = module_with_attributes(load(tmp_path / f"{name}.attributes.pt"), namespace["forward"])
+    inputs = load(tmp_path / f"{name}.inputs.pt")
+    expected = load(tmp_path / f"{name}.expected.pt")
+    assert_same_structure_and_values(root(*inputs)[0], expected)
+    if not trace:
+        return code, None
+    gm = torch.fx.symbolic_trace(root)
+    assert_same_structure_and_values(gm(*inputs)[0], expected)
+    return code, gm
+
+
+def test_attribute_names_that_are_not_identifiers(tmp_path):
+    subprocess.run([os.environ["TORCHCAP_PYTHON_CODE_FIXTURE"], str(tmp_path)], check=True)
+    # Not traced: torch.fx's own code for a get_attr of 'say "hi"\\' does not
+    # compile (torchcap.load rewrites it; see test_load.py).
+    code, _ = run_case(tmp_path, "odd_names", trace=False)
+    assert "getattr(self, 'class')" in code
+    assert "getattr(self.trunk_output.block1, 'block1-0')" in code
+
+
+def test_custom_operators_are_named_through_torch_ops(tmp_path):
+    subprocess.run([os.environ["TORCHCAP_PYTHON_CODE_FIXTURE"], str(tmp_path)], check=True)
+    lib = torch.library.Library("torchcap_fixture", "DEF")
+    lib.define("scale(Tensor x, float s) -> Tensor")
+    lib.impl("scale", lambda x, s: x * s, "CPU")
+    code, gm = run_case(tmp_path, "custom_op")
+    assert "torch.ops.torchcap_fixture.scale.default(x, 2.5)" in code
+    assert any(n.target is torch.ops.torchcap_fixture.scale.default for n in gm.graph.nodes)

@@ -18,7 +18,12 @@
 //   buffers after the run, by name)
 // OUT_DIR/exported_input.tcg  a program that writes into its input, exported
 //   exported_input.inputs.pt, .expected.pt, .input_after.pt
+// OUT_DIR/odd_names.tcg     attributes named as torch.nn allows but Python
+//   identifiers do not (odd_names_module); odd_names.inputs.pt, .expected.pt
+// OUT_DIR/custom_op.tcg     a call of the custom operator torchcap_fixture::scale
+//   (registered here; Python registers its own); custom_op.inputs.pt, .expected.pt
 #include <torchcap/export.h>
+#include <torchcap/interpreter.h>
 #include <torchcap/serialize.h>
 
 #include "serialize_fixtures.h"
@@ -26,6 +31,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/library.h>
 
 #include <fstream>
 #include <iostream>
@@ -45,7 +51,23 @@ c10::IValue writes_its_input(std::vector<c10::IValue> in) {
   return c10::IValue(x.sum(0));
 }
 
+// The eager results of a traced program's graph, run by the interpreter, with
+// its inputs, beside `NAME.tcg`.
+void save_with_run(const torchcap::GraphModule& gm, const std::string& dir,
+                   const std::string& name, std::vector<at::Tensor> inputs) {
+  torchcap::save(gm, dir + "/" + name + ".tcg");
+  std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+  write_file(dir + "/" + name + ".inputs.pt",
+             torch::jit::pickle_save(c10::ivalue::Tuple::create(args)));
+  write_file(dir + "/" + name + ".expected.pt",
+             torch::jit::pickle_save(torchcap::Interpreter(gm).run_flat(inputs)[0]));
+}
+
+at::Tensor scale(const at::Tensor& x, double s) { return x * s; }
+
 }  // namespace
+
+TORCH_LIBRARY(torchcap_fixture, m) { m.def("scale(Tensor x, float s) -> Tensor", &scale); }
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -107,5 +129,8 @@ int main(int argc, char** argv) {
     write_file(dir + "/exported_input.expected.pt", torch::jit::pickle_save(expected));
     write_file(dir + "/exported_input.input_after.pt", torch::jit::pickle_save(x));
   }
+  at::manual_seed(11);
+  save_with_run(torchcap::testing::odd_names_module(), dir, "odd_names", {at::randn({3})});
+  save_with_run(torchcap::testing::custom_operator_module(), dir, "custom_op", {at::randn({4})});
   return 0;
 }

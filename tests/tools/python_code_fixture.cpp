@@ -1,14 +1,22 @@
 // Writes what tests/python/test_python_code.py checks: the Python code of the
 // sample GraphModule, its attributes and inputs, and the outputs of the same
 // ops run eagerly in C++. Tensors travel as pickles (torch.load reads them).
+// Beside them, for NAME in odd_names (attribute names that are not Python
+// identifiers) and custom_op (a custom operator, registered here):
+// NAME.py, NAME.attributes.pt, NAME.inputs.pt and NAME.expected.pt, the
+// interpreter's results.
 //
 //   python_code_fixture OUT_DIR
 #include <torchcap/printer.h>
 
+#include <torchcap/interpreter.h>
+
 #include "sample_graphs.h"
+#include "serialize_fixtures.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/library.h>
 
 #include <fstream>
 #include <iostream>
@@ -21,7 +29,23 @@ void write_file(const std::string& path, const std::vector<char>& bytes) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
+void write_case(const std::string& dir, const std::string& name, const torchcap::GraphModule& gm,
+                const at::Tensor& input) {
+  std::ofstream(dir + "/" + name + ".py") << torchcap::python_code(gm);
+  c10::Dict<std::string, at::Tensor> attributes;
+  for (const torchcap::Attribute& a : gm.attributes()) attributes.insert(a.name, a.value);
+  write_file(dir + "/" + name + ".attributes.pt", torch::jit::pickle_save(attributes));
+  write_file(dir + "/" + name + ".inputs.pt",
+             torch::jit::pickle_save(c10::ivalue::Tuple::create({input})));
+  write_file(dir + "/" + name + ".expected.pt",
+             torch::jit::pickle_save(torchcap::Interpreter(gm).run_flat({input})[0]));
+}
+
+at::Tensor scale(const at::Tensor& x, double s) { return x * s; }
+
 }  // namespace
+
+TORCH_LIBRARY(torchcap_fixture, m) { m.def("scale(Tensor x, float s) -> Tensor", &scale); }
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -55,5 +79,7 @@ int main(int argc, char** argv) {
   write_file(dir + "/inputs.pt", torch::jit::pickle_save(c10::ivalue::Tuple::create({x, src})));
   write_file(dir + "/expected.pt",
              torch::jit::pickle_save(c10::ivalue::Tuple::create({clamp, second})));
+  write_case(dir, "odd_names", torchcap::testing::odd_names_module(), at::randn({3}));
+  write_case(dir, "custom_op", torchcap::testing::custom_operator_module(), at::randn({4}));
   return 0;
 }
