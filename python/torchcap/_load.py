@@ -228,7 +228,8 @@ class TorchcapCodeGen(CodeGen):
         # The file's placeholder names -> their names in the code. Names, not
         # nodes: a deep copy of the module copies its code generator, and nodes
         # would drag the whole graph into that copy, one recursion per node.
-        self.placeholders = placeholders or {}
+        self.placeholders = {k: v if isinstance(v, str) else v.name
+                             for k, v in (placeholders or {}).items()}
         self._body_transformer = _AttributeAccess()
 
     def _gen_python_code(self, nodes, root_module, namespace, **kwargs):
