@@ -6,9 +6,9 @@
 
 The tracer runs the program once for real: the tensors it is given are
 wrapped so that every aten operator they reach is recorded, in C++, at about
-the cost of running the operator. The result goes through the file format
-(structure only) and torchcap.load to become a torch.fx.GraphModule whose
-attributes are the module's own parameters and buffers.
+the cost of running the operator. The C++ graph then becomes a
+torch.fx.GraphModule, with torchcap.load's code generator, whose attributes
+are the module's own parameters and buffers.
 """
 
 import os
@@ -151,6 +151,9 @@ def _as_trace_error(e):
     if not any(p in message for p in _TRACE_ERROR_PHRASES):
         return None
     message = _python_message(message)
+    if "Immutable tensor" in message and "graph input" in message:
+        message += (" Or let the program write to its inputs: torchcap.trace(..., "
+                    "allow_input_mutation=True), or torchcap.export.")
     where = _user_frame(e.__traceback__)
     if where is not None:
         file, line, function, code = where

@@ -8,9 +8,8 @@
 // threads run, and trace, meanwhile.
 //
 // The Python front end (torchcap/_trace.py) turns the returned GraphModule
-// into a torch.fx.GraphModule through the file format: `structure()` gives
-// the graph as `.tcg` bytes without tensor data, which torchcap.load reads;
-// the attributes are then set to the tensors themselves.
+// into a torch.fx.GraphModule (build_fx, Note [Building the torch.fx graph
+// directly]) whose attributes are the traced tensors themselves.
 #include "python/python_source.h"
 
 #include <torchcap/error.h>
@@ -189,9 +188,9 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
 
 // --- The torch.fx graph -------------------------------------------------------
 // Note [Building the torch.fx graph directly]
-// The graph could reach Python as a file that torchcap.load reads, and did
-// at first; the loader checks everything a file may get wrong and costs
-// about 200 us a node, as much as make_fx's whole trace. A trace is known to
+// The graph could reach Python as a file that torchcap.load reads; but the
+// loader checks everything a file may get wrong and cost about 200 us a node
+// that way, as much as make_fx's whole trace. A trace is known to
 // be well formed, so its nodes are created here, one create_node call each,
 // with the loader's conventions (node names, operator targets, "val" and
 // "tensor_meta", the code generator the Python front end sets).
@@ -360,49 +359,11 @@ py::tuple build_fx(const GraphModule& gm, py::object graph, py::object tensor_me
                         mutations, placeholders);
 }
 
-// The graph as `.tcg` bytes, with every attribute an empty tensor of its
-// dtype: torchcap.load reads the structure, the tensors are set afterwards.
-py::bytes structure(const GraphModule& gm) {
-  GraphModule copy = gm.clone();
-  for (const Attribute& a : gm.attributes()) {
-    copy.set_attribute(a.name, at::empty({0}, a.value.options()), a.kind);
-  }
-  std::string bytes;
-  {
-    py::gil_scoped_release no_gil;
-    bytes = save_to_string(copy);
-  }
-  return py::bytes(bytes);
-}
-
 py::list attributes(const GraphModule& gm) {
   py::list out;
   for (const Attribute& a : gm.attributes()) {
     out.append(py::make_tuple(a.name, attribute_kind_name(a.kind),
                               py::reinterpret_steal<py::object>(THPVariable_Wrap(a.value))));
-  }
-  return out;
-}
-
-// name -> (stack_trace text or None, [(module path, module class), ...]) for
-// nodes that have either.
-py::dict node_meta(const GraphModule& gm) {
-  py::dict out;
-  std::unordered_map<const void*, py::object> texts;  // one string per shared stack
-  for (const Node* n : gm.graph().nodes()) {
-    const NodeMeta& m = n->meta();
-    bool has_stack = !m.stack_trace.empty();
-    if (!has_stack && m.module_stack.empty()) continue;
-    py::object text = py::none();
-    if (has_stack) {
-      const void* key = &m.stack_trace.frames();
-      auto it = texts.find(key);
-      if (it == texts.end()) it = texts.emplace(key, py::str(m.stack_trace.str())).first;
-      text = it->second;
-    }
-    py::list modules;
-    for (const ModuleFrame& f : m.module_stack.frames()) modules.append(py::make_tuple(f.path, f.type));
-    out[py::str(n->name())] = py::make_tuple(text, modules);
   }
   return out;
 }
@@ -444,10 +405,8 @@ PYBIND11_MODULE(_C, m) {
   });
 
   py::class_<GraphModule>(m, "GraphModule")
-      .def("structure", &structure)
       .def("build_fx", &build_fx)
       .def("attributes", &attributes)
-      .def("node_meta", &node_meta)
       .def("save", &save_with)
       .def("num_nodes", [](const GraphModule& gm) { return gm.graph().size(); })
       .def("__str__", [](const GraphModule& gm) { return gm.str(); })
