@@ -11,6 +11,7 @@ torch.fx.GraphModule, with torchcap.load's code generator, whose attributes
 are the module's own parameters and buffers.
 """
 
+import operator
 import os
 import threading
 
@@ -343,22 +344,70 @@ def dispatch_trace(f, args):
 
 
 def save(gm, path):
-    """Writes a graph made by torchcap.trace or torchcap.export to a `.tcg` file,
-    which torchcap::load (C++) and torchcap.load read. The module's current
-    tensors are written."""
+    """Writes a graph to a `.tcg` file, which torchcap::load (C++) and
+    torchcap.load read.
+
+    gm: a GraphModule made by torchcap.trace or torchcap.export, saved with
+    its arguments and results as traced and the module's current tensors; or
+    another torch.fx.GraphModule of aten operators (make_fx's), saved with
+    flat arguments and a tuple of results. Raises torchcap.Error naming what
+    cannot be stored.
+    """
+    _require_C()
+    path = os.fspath(path)
     graph = getattr(gm, "_torchcap_graph", None)
-    if graph is None:
-        raise Error("torchcap.save: this GraphModule was not made by torchcap.trace or "
-                    "torchcap.export; only those can be saved")
-    if gm.code != gm._torchcap_code:
-        raise Error("torchcap.save: the graph was changed after it was traced; torchcap.save "
-                    "writes graphs as traced")
-    tensors = []
-    for name, _, _ in graph.attributes():
-        owner_path, _, leaf = name.rpartition(".")
-        owner = gm.get_submodule(owner_path) if owner_path else gm
-        t = getattr(owner, leaf)
-        if not isinstance(t, torch.Tensor):
-            raise Error(f"torchcap.save: attribute '{name}' is not a tensor any more")
-        tensors.append((name, t))
-    graph.save(os.fspath(path), tensors)
+    if graph is not None and gm.code == gm._torchcap_code:
+        graph.save(path, [(name, _attribute(gm, name)) for name, _, _ in graph.attributes()])
+        return
+    _C.save_fx(*_describe_fx(gm), path)
+
+
+def _attribute(gm, name):
+    owner_path, _, leaf = name.rpartition(".")
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    t = getattr(owner, leaf, None)
+    if not isinstance(t, torch.Tensor):
+        raise Error(f"torchcap.save: attribute '{name}' is not a tensor")
+    return t
+
+
+def _describe_fx(gm):
+    """The nodes and attributes of a torch.fx.GraphModule for torchcap._C.save_fx."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise Error(f"torchcap.save: expected a torch.fx.GraphModule, got a {type(gm).__name__}")
+    nodes, attributes, seen = [], [], set()
+    for n in gm.graph.nodes:
+        target, args = "", n.args
+        if n.op == "call_function":
+            if n.target is operator.getitem:
+                target = "getitem"
+            elif isinstance(n.target, torch._ops.OpOverload):
+                schema = n.target._schema
+                target = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+            else:
+                raise Error(f"torchcap.save: node %{n.name} calls {n.target}, which is not an "
+                            f"operator (only aten operators and getitem can be stored; trace "
+                            f"the program with torchcap.trace or make_fx)")
+        elif n.op == "get_attr":
+            target = n.target
+            if target not in seen:
+                seen.add(target)
+                t = _attribute(gm, target)
+                kind = ("parameter" if isinstance(t, torch.nn.Parameter) else
+                        "constant" if target.startswith("_tensor_constant") else "buffer")
+                attributes.append((target, kind, t))
+        elif n.op == "output":
+            results, _ = pytree.tree_flatten(n.args[0])
+            if not all(isinstance(r, torch.fx.Node) for r in results):
+                raise Error("torchcap.save: the graph returns values that are not tensors")
+            args = results
+        elif n.op != "placeholder":
+            raise Error(f"torchcap.save: node %{n.name} is a {n.op} node; only graphs of aten "
+                        f"operators can be stored (trace with torchcap.trace or make_fx)")
+        meta = n.meta.get("tensor_meta")
+        if meta is not None and not hasattr(meta, "shape"):
+            meta = None
+        if meta is not None:
+            meta = (meta.dtype, list(meta.shape), list(meta.stride))
+        nodes.append((n.op, n.name, target, args, n.kwargs, meta))
+    return nodes, attributes

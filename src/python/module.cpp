@@ -19,7 +19,10 @@
 #include <torchcap/tracer.h>
 
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Layout.h>
+#include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
@@ -359,6 +362,110 @@ py::tuple build_fx(const GraphModule& gm, py::object graph, py::object tensor_me
                         mutations, placeholders);
 }
 
+// --- A torch.fx graph of aten operators, as a GraphModule (for saving) -----
+
+class FxReader {
+ public:
+  FxReader() : node_class_(py::module_::import("torch.fx").attr("Node")) {}
+
+  // `nodes`: (op, name, target, args, kwargs, tensor meta or None) per node,
+  // with operator targets as qualified names ("aten::add.Tensor") or
+  // "getitem", and the output's results flattened into one list.
+  // `tensor meta`: (dtype, sizes, strides). `attributes`: (name, kind, tensor).
+  GraphModule read(const py::list& nodes, const py::list& attributes) {
+    GraphModule gm;
+    Graph& g = gm.graph();
+    for (py::handle entry : nodes) {
+      auto t = entry.cast<py::tuple>();
+      auto op = t[0].cast<std::string>();
+      name_ = t[1].cast<std::string>();
+      auto target = t[2].cast<std::string>();
+      Node* n = nullptr;
+      if (op == "placeholder") {
+        n = g.placeholder(name_, name_);
+      } else if (op == "get_attr") {
+        n = g.get_attr(target, name_);
+      } else if (op == "call_function") {
+        ArgumentList args = arguments(t[3], "args");
+        Kwargs kwargs;
+        for (auto [k, v] : t[4].cast<py::dict>()) {
+          kwargs.emplace_back(k.cast<std::string>(), argument(v, k.cast<std::string>()));
+        }
+        if (target == kGetItem) {
+          if (args.size() != 2 || !args[0].is_node() || !args[1].is_int()) {
+            throw Error("node %" + name_ + ": getitem takes (node, index)");
+          }
+          n = g.getitem(args[0].to_node(), args[1].to_int(), name_);
+        } else {
+          n = g.call_function(target, std::move(args), std::move(kwargs), name_);
+        }
+      } else if (op == "output") {
+        n = g.output(arguments(t[3], "results"));
+      } else {
+        throw Error("node %" + name_ + ": torchcap cannot store '" + op +
+                    "' nodes; only placeholder, get_attr, call_function and output");
+      }
+      if (!t[5].is_none()) {
+        auto m = t[5].cast<py::tuple>();
+        TensorMeta tm;
+        tm.dtype = reinterpret_cast<THPDtype*>(m[0].ptr())->scalar_type;
+        tm.sizes = m[1].cast<std::vector<int64_t>>();
+        tm.strides = m[2].cast<std::vector<int64_t>>();
+        n->meta().val = ValueMeta::tensor(std::move(tm));
+      }
+      nodes_.emplace(name_, n);
+    }
+    for (py::handle entry : attributes) {
+      auto a = entry.cast<py::tuple>();
+      auto kind = a[1].cast<std::string>();
+      gm.set_attribute(a[0].cast<std::string>(), THPVariable_Unpack(a[2].ptr()),
+                       kind == "parameter" ? AttributeKind::Parameter
+                       : kind == "buffer"  ? AttributeKind::Buffer
+                                           : AttributeKind::Constant);
+    }
+    gm.set_flat_specs();
+    gm.lint();
+    return gm;
+  }
+
+ private:
+  ArgumentList arguments(py::handle seq, const std::string& what) {
+    Argument a = argument(seq, what);
+    return a.to_list();
+  }
+
+  Argument argument(py::handle obj, const std::string& what) {
+    PyObject* p = obj.ptr();
+    if (obj.is_none()) return Argument();
+    if (py::isinstance(obj, node_class_)) {
+      auto it = nodes_.find(obj.attr("name").cast<std::string>());
+      if (it == nodes_.end()) throw Error("node %" + name_ + ": " + what + " names a later node");
+      return Argument(it->second);
+    }
+    if (PyBool_Check(p)) return Argument(p == Py_True);
+    if (PyLong_Check(p)) return Argument(obj.cast<int64_t>());
+    if (PyFloat_Check(p)) return Argument(PyFloat_AS_DOUBLE(p));
+    if (PyUnicode_Check(p)) return Argument(obj.cast<std::string>());
+    if (THPDtype_Check(p)) return Argument(reinterpret_cast<THPDtype*>(p)->scalar_type);
+    if (THPLayout_Check(p)) return Argument(reinterpret_cast<THPLayout*>(p)->layout);
+    if (THPDevice_Check(p)) return Argument(reinterpret_cast<THPDevice*>(p)->device);
+    if (THPMemoryFormat_Check(p)) return Argument(reinterpret_cast<THPMemoryFormat*>(p)->memory_format);
+    if (PyList_Check(p) || PyTuple_Check(p)) {
+      ArgumentList l;
+      size_t i = 0;
+      for (py::handle e : obj) l.push_back(argument(e, what + "[" + std::to_string(i++) + "]"));
+      return Argument(std::move(l));
+    }
+    throw Error("node %" + name_ + ": " + what + " is a " +
+                py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>() +
+                ", which torchcap cannot store");
+  }
+
+  py::object node_class_;
+  std::string name_;
+  std::unordered_map<std::string, Node*> nodes_;
+};
+
 py::list attributes(const GraphModule& gm) {
   py::list out;
   for (const Attribute& a : gm.attributes()) {
@@ -414,6 +521,12 @@ PYBIND11_MODULE(_C, m) {
       // The C++ module is immutable once made: copies of a torch.fx module share it.
       .def("__copy__", [](py::object self) { return self; })
       .def("__deepcopy__", [](py::object self, py::object) { return self; });
+
+  m.def("save_fx", [](const py::list& nodes, const py::list& attributes, const std::string& path) {
+    GraphModule gm = FxReader().read(nodes, attributes);
+    py::gil_scoped_release no_gil;
+    save(gm, path);
+  });
 
   m.def(
       "trace",

@@ -398,9 +398,31 @@ def test_save_then_run_in_cpp(tmp_path, exported):
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_save_refuses_other_modules(tmp_path):
-    with pytest.raises(torchcap.Error, match="not made by torchcap"):
-        torchcap.save(torch.fx.symbolic_trace(nn.Linear(2, 2)), tmp_path / "x.tcg")
+def test_save_make_fx_graph_then_run_in_cpp(tmp_path):
+    cli = os.environ.get("TORCHCAP_CLI")
+    if not cli:
+        pytest.skip("TORCHCAP_CLI is not set")
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        gm = make_fx(model)(x)
+    torchcap.save(gm, tmp_path / "m.tcg")
+    loaded = torchcap.load(tmp_path / "m.tcg")
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(loaded(x)[0], expected)
+    torch.save(x, tmp_path / "x.pt")
+    subprocess.run([cli, "run", tmp_path / "m.tcg", "--input", tmp_path / "x.pt",
+                    "-o", tmp_path / "y.pt"], check=True, capture_output=True)
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_save_refuses_what_it_cannot_store(tmp_path):
+    with pytest.raises(torchcap.Error, match="call_module node"):
+        torchcap.save(torch.fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2))), tmp_path / "x.tcg")
+    with pytest.raises(torchcap.Error, match="not an operator"):
+        torchcap.save(torch.fx.symbolic_trace(lambda x: torch.relu(x)), tmp_path / "x.tcg")
+    assert not (tmp_path / "x.tcg").exists()
 
 
 def test_loader_works_without_the_compiled_part(tmp_path):
