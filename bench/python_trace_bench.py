@@ -25,61 +25,77 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 
 
-def median_seconds(fn, runs):
-    times = []
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired(eager, tracers, runs):
+    """Median eager time, and per tracer the median time and median excess over
+    the eager run of the same round: the rounds interleave, so a change in the
+    machine's load affects both sides of a difference alike."""
+    eager_times, times, excess = [], [[] for _ in tracers], [[] for _ in tracers]
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        e = timed(eager)
+        eager_times.append(e)
+        for i, fn in enumerate(tracers):
+            t = timed(fn)
+            times[i].append(t)
+            excess[i].append(t - e)
+    return (statistics.median(eager_times), [statistics.median(t) for t in times],
+            [statistics.median(x) for x in excess])
 
 
 def cpp_graph(model, x, record_stack_traces):
-    """torchcap._C's trace alone: the graph in C++, not yet a torch.fx module."""
-    return _trace._C.trace(model, list(model.named_parameters()), list(model.named_buffers()),
-                           (x,), {}, False, False, None, False, False, record_stack_traces,
-                           _trace._INTERNAL_DIRS)
+    """torchcap._C's trace alone (with the module stack hooks): the graph in
+    C++, not yet a torch.fx module."""
+    modules = _trace._module_names(model) if record_stack_traces else []
+    with _trace._ModuleStackHooks(modules):
+        return _trace._C.trace(model, list(model.named_parameters()),
+                               list(model.named_buffers()), (x,), {}, False, False, None, False,
+                               False, record_stack_traces, _trace._INTERNAL_DIRS, modules)
 
 
 def bench(name, model, x, runs, make_fx_runs):
     model.eval()
-    with torch.no_grad():
-        model(x)  # warm up kernels and allocator
-        eager = median_seconds(lambda: model(x), runs)
     gm = torchcap.trace(model, (x,))
     ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     nodes = len(gm.graph.nodes)
-    cpp = median_seconds(lambda: cpp_graph(model, x, True), runs)
-    cpp_nostack = median_seconds(lambda: cpp_graph(model, x, False), runs)
-    full = median_seconds(lambda: torchcap.trace(model, (x,)), runs)
+
+    def eager():
+        with torch.no_grad():
+            model(x)
 
     def run_make_fx():
         with torch.no_grad():
             make_fx(model)(x)
 
+    eager()  # warm up kernels and allocator
     run_make_fx()
-    mfx = median_seconds(run_make_fx, make_fx_runs)
+    rows = [("torchcap trace, C++ graph", lambda: cpp_graph(model, x, True)),
+            ("torchcap trace, C++ graph, no stack traces", lambda: cpp_graph(model, x, False)),
+            ("torchcap.trace -> torch.fx.GraphModule", lambda: torchcap.trace(model, (x,)))]
+    eager_time, times, excess = paired(eager, [fn for _, fn in rows], runs)
+    _, mfx_time, mfx_excess = paired(eager, [run_make_fx], make_fx_runs)
+    rows.append(("make_fx (real mode)", None))
+    times += mfx_time
+    excess += mfx_excess
+    per_node = [x / nodes * 1e6 for x in excess]
 
-    def per_op(t):
-        return (t - eager) / nodes * 1e6
-
-    print(f"{name}: {nodes} nodes ({ops} operators), eager {eager * 1e3:.2f} ms")
-    rows = [("torchcap trace, C++ graph", cpp),
-            ("torchcap trace, C++ graph, no stack traces", cpp_nostack),
-            ("torchcap.trace -> torch.fx.GraphModule", full),
-            ("make_fx (real mode)", mfx)]
-    for label, t in rows:
-        print(f"  {label + ':':<46} {t * 1e3:8.2f} ms  overhead {per_op(t):7.2f} us/node")
-    print(f"  make_fx overhead / torchcap overhead: {per_op(mfx) / per_op(cpp):.0f}x (C++ graph), "
-          f"{per_op(mfx) / per_op(full):.0f}x (torch.fx.GraphModule)")
+    print(f"{name}: {nodes} nodes ({ops} operators), eager {eager_time * 1e3:.2f} ms")
+    for (label, _), t, o in zip(rows, times, per_node):
+        print(f"  {label + ':':<46} {t * 1e3:8.2f} ms  overhead {o:7.2f} us/node")
+    print(f"  make_fx overhead / torchcap overhead: {per_node[3] / per_node[0]:.0f}x (C++ graph), "
+          f"{per_node[3] / per_node[2]:.0f}x (torch.fx.GraphModule)")
 
 
 def main():
     mlp = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(64, 64), nn.ReLU())])
-    bench("MLP 200 x (Linear 64 + ReLU), batch 1", mlp, torch.randn(1, 64), runs=20,
-          make_fx_runs=3)
+    bench("MLP 200 x (Linear 64 + ReLU), batch 1", mlp, torch.randn(1, 64), runs=21,
+          make_fx_runs=5)
     bench("ResNet-18, 1x3x64x64", torchvision.models.resnet18(), torch.randn(1, 3, 64, 64),
-          runs=20, make_fx_runs=3)
+          runs=21, make_fx_runs=5)
 
 
 if __name__ == "__main__":

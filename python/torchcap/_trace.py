@@ -49,6 +49,7 @@ _OPTION_NAMES = {
     "TraceOptions::allow_data_dependent_values": "allow_data_dependent_values=True",
     "TraceOptions::allow_input_mutation": "allow_input_mutation=True",
     "TraceOptions::preserve": "preserve",
+    "expected e.g. aten::linear": "expected e.g. 'aten::linear' or torch.ops.aten.linear",
     "torch::where": "torch.where",
     "torchcap::trace": "torchcap.trace",
 }
@@ -61,59 +62,44 @@ def _require_C():
 
 
 # --- Module stacks -----------------------------------------------------------
-# Global forward hooks, installed while at least one trace runs, tell the
-# tracing thread's trace which module's forward starts and ends.
+# Global forward hooks, installed while at least one trace that has modules
+# runs, tell the calling thread's trace (in torchcap._C) which module's forward
+# starts and ends; the hooks are C++ functions, cheap on every module call.
 
 _hooks_lock = threading.Lock()
 _hooks_users = 0
 _hooks_handles = ()
-_local = threading.local()
 
 
-def _pre_hook(module, args):
-    names = getattr(_local, "modules", None)
-    if names is not None:
-        entry = names.get(id(module))
-        if entry is not None:
-            _C._enter_module(*entry)
-
-
-def _post_hook(module, args, output):
-    names = getattr(_local, "modules", None)
-    if names is not None and id(module) in names:
-        _C._exit_module()
+def _module_names(root):
+    """(module, qualified path, class) of root's submodules; the root is not on the stack."""
+    if root is None:
+        return []
+    return [(m, name, f"{type(m).__module__}.{type(m).__qualname__}")
+            for name, m in root.named_modules() if name]
 
 
 class _ModuleStackHooks:
-    def __init__(self, root):
-        # id -> (qualified path, class); the root itself is not on the stack.
-        self.names = {}
-        if root is not None:
-            for name, m in root.named_modules():
-                if name:
-                    cls = type(m)
-                    self.names[id(m)] = (name, f"{cls.__module__}.{cls.__qualname__}")
+    def __init__(self, modules):
+        self.active = bool(modules)  # no module to report: no hooks, no slower module calls
 
     def __enter__(self):
         global _hooks_users, _hooks_handles
-        if not self.names:  # no module to report: no hooks, no slower module calls
+        if not self.active:
             return self
         with _hooks_lock:
             if _hooks_users == 0:
                 from torch.nn.modules.module import (register_module_forward_hook,
                                                      register_module_forward_pre_hook)
-                _hooks_handles = (register_module_forward_pre_hook(_pre_hook),
-                                  register_module_forward_hook(_post_hook))
+                _hooks_handles = (register_module_forward_pre_hook(_C._module_pre_hook),
+                                  register_module_forward_hook(_C._module_post_hook))
             _hooks_users += 1
-        self.previous = getattr(_local, "modules", None)
-        _local.modules = self.names
         return self
 
     def __exit__(self, *exc):
         global _hooks_users, _hooks_handles
-        if not self.names:
+        if not self.active:
             return
-        _local.modules = self.previous
         with _hooks_lock:
             _hooks_users -= 1
             if _hooks_users == 0:
@@ -166,6 +152,16 @@ def _as_trace_error(e):
 
 # --- Tracing ---------------------------------------------------------------------
 
+def _operator_name(op):
+    """"aten::linear" for "aten::linear", "linear", torch.ops.aten.linear(.default)."""
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        schema_name, _, overload = str(op).partition(".")[2].partition(".")
+        op = f"{str(op).partition('.')[0]}::{schema_name}" + (
+            f".{overload}" if overload and overload != "default" else "")
+    op = str(op)
+    return op if "::" in op else "aten::" + op
+
+
 def _module_of(f):
     if isinstance(f, torch.nn.Module):
         return f
@@ -199,8 +195,7 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     parameters = list(module.named_parameters()) if module is not None else []
     buffers = list(module.named_buffers()) if module is not None else []
     if preserve is not None:
-        preserve = [p if "::" in p else "aten::" + p for p in
-                    (str(op).replace("aten.", "aten::", 1) for op in preserve)]
+        preserve = [_operator_name(op) for op in preserve]
     out_spec = []
 
     def call(*a, **k):
@@ -208,11 +203,17 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
         out_spec.append(pytree.tree_flatten(out)[1])
         return out
 
+    modules = _module_names(module) if record_stack_traces else []
     try:
-        with _ModuleStackHooks(module if record_stack_traces else None):
+        with _ModuleStackHooks(modules):
             graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
                              allow_input_mutation, allow_data_dependent_values,
-                             record_stack_traces, _INTERNAL_DIRS)
+                             record_stack_traces, _INTERNAL_DIRS, modules)
+    except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
+        message = _python_message(str(e))
+        if message == str(e):
+            raise
+        raise type(e)(message).with_traceback(e.__traceback__) from None
     except RuntimeError as e:
         error = _as_trace_error(e)
         if error is None:

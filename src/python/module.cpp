@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -142,6 +143,9 @@ struct TraceRequest {
   bool allow_data_dependent_values = false;
   bool record_stack_traces = true;
   std::vector<std::string> internal_dirs;
+  // (module, qualified path, class) of the modules whose forward hooks
+  // report module stacks.
+  std::vector<std::tuple<py::object, std::string, std::string>> modules;
 };
 
 std::unique_ptr<GraphModule> run(TraceRequest& r) {
@@ -157,6 +161,7 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   PyFrameObject* caller = PyThreadState_GetFrame(PyThreadState_Get());
   PythonSource source(r.internal_dirs, py::reinterpret_steal<py::object>(
                                            reinterpret_cast<PyObject*>(caller)));
+  for (auto& [module, path, type] : r.modules) source.add_module(module, path, type);
   PythonSource::Scope scope(&source);
 
   TraceOptions options;
@@ -534,25 +539,29 @@ PYBIND11_MODULE(_C, m) {
          std::vector<std::pair<std::string, py::object>> buffers, py::tuple args, py::dict kwargs,
          bool export_program, bool inference, std::optional<std::vector<std::string>> preserve,
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
-         std::vector<std::string> internal_dirs) {
+         std::vector<std::string> internal_dirs,
+         std::vector<std::tuple<py::object, std::string, std::string>> modules) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
                        inference,              std::move(preserve),
                        allow_input_mutation,   allow_data_dependent_values,
-                       record_stack_traces,    std::move(internal_dirs)};
+                       record_stack_traces,    std::move(internal_dirs),
+                       std::move(modules)};
         return run(r);
       },
       py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
       py::arg("export_program"), py::arg("inference"), py::arg("preserve"),
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
-      py::arg("record_stack_traces"), py::arg("internal_dirs"));
+      py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list());
 
-  // Module forward hooks report the module stack of the thread's trace.
-  m.def("_enter_module", [](std::string path, std::string type) {
-    if (PythonSource* s = PythonSource::current()) s->enter_module(std::move(path), std::move(type));
+  // Global module forward hooks (installed by torchcap._trace while a trace
+  // runs) report the module stack to the calling thread's trace, if any. In
+  // C++: they run on every module call of every thread meanwhile.
+  m.def("_module_pre_hook", [](py::handle module, py::handle) {
+    if (PythonSource* s = PythonSource::current()) s->enter_module(module.ptr());
   });
-  m.def("_exit_module", [] {
-    if (PythonSource* s = PythonSource::current()) s->exit_module();
+  m.def("_module_post_hook", [](py::handle module, py::handle, py::handle) {
+    if (PythonSource* s = PythonSource::current()) s->exit_module(module.ptr());
   });
 }

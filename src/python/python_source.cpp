@@ -40,6 +40,7 @@ PythonSource::~PythonSource() {
   // Python objects are released under the GIL, whichever way the trace ended.
   py::gil_scoped_acquire gil;
   codes_.clear();
+  module_refs_.clear();
   boundary_ = py::object();
   getline_ = py::object();
 }
@@ -105,13 +106,20 @@ void PythonSource::locate(NodeMeta& meta) {
   meta.stack_trace = it->second;
 }
 
-void PythonSource::enter_module(std::string path, std::string type) {
-  modules_.push_back(ModuleFrame{std::move(path), std::move(type)});
+void PythonSource::add_module(py::object module, std::string path, std::string type) {
+  known_modules_.emplace(module.ptr(), ModuleFrame{std::move(path), std::move(type)});
+  module_refs_.push_back(std::move(module));
+}
+
+void PythonSource::enter_module(PyObject* module) {
+  auto it = known_modules_.find(module);
+  if (it == known_modules_.end()) return;
+  modules_.push_back(it->second);
   module_stack_ = ModuleStack(modules_);
 }
 
-void PythonSource::exit_module() {
-  if (modules_.empty()) return;
+void PythonSource::exit_module(PyObject* module) {
+  if (modules_.empty() || known_modules_.count(module) == 0) return;
   modules_.pop_back();
   module_stack_ = ModuleStack(modules_);
 }

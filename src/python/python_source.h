@@ -36,10 +36,13 @@ class PythonSource {
   // Fills meta.stack_trace and meta.module_stack. Takes the GIL.
   void locate(NodeMeta& meta);
 
-  // Module forward hooks: `path` ("layer1.0.conv1") and class of the module
-  // whose forward starts or ends. The GIL is held by the caller.
-  void enter_module(std::string path, std::string type);
-  void exit_module();
+  // The traced program's modules: what forward hooks report for them, by
+  // object ("layer1.0.conv1", "torch.nn.modules.conv.Conv2d"). The GIL is held.
+  void add_module(py::object module, std::string path, std::string type);
+  // Global forward hooks: a module's forward starts or ends. Modules not added
+  // are not on the stack. The GIL is held by the caller.
+  void enter_module(PyObject* module);
+  void exit_module(PyObject* module);
 
   // The source of the calling thread's running trace, or nullptr.
   static PythonSource* current();
@@ -82,6 +85,8 @@ class PythonSource {
   std::unordered_map<std::vector<FrameKey>, StackTrace, StackKeyHash> stacks_;
   std::vector<FrameKey> scratch_;
 
+  std::unordered_map<PyObject*, ModuleFrame> known_modules_;
+  std::vector<py::object> module_refs_;
   std::vector<ModuleFrame> modules_;
   ModuleStack module_stack_;
 };

@@ -121,6 +121,10 @@ def test_inference_preserves_linear_and_layer_norm():
         torch.testing.assert_close(gm(x), layer(x))
     gm = torchcap.trace(layer, (x,), inference=True, preserve=["aten::layer_norm"])
     assert op_histogram(gm)["linear"] == 0
+    gm = torchcap.trace(layer, (x,), inference=True, preserve=[torch.ops.aten.linear])
+    assert op_histogram(gm)["linear"] == 4 and op_histogram(gm)["layer_norm"] == 0
+    with pytest.raises(torchcap.TraceError, match="preserve: 'aten::nope' is not a registered"):
+        torchcap.trace(layer, (x,), inference=True, preserve=["nope"])
 
 
 # --- Python modules ---------------------------------------------------------------------
