@@ -94,8 +94,8 @@ def main():
     mlp = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(64, 64), nn.ReLU())])
     bench("MLP 200 x (Linear 64 + ReLU), batch 1", mlp, torch.randn(1, 64), runs=21,
           make_fx_runs=5)
-    bench("ResNet-18, 1x3x64x64", torchvision.models.resnet18(), torch.randn(1, 3, 64, 64),
-          runs=21, make_fx_runs=5)
+    bench("ResNet-18, 1x3x32x32", torchvision.models.resnet18(), torch.randn(1, 3, 32, 32),
+          runs=31, make_fx_runs=5)
 
 
 if __name__ == "__main__":
