@@ -438,3 +438,34 @@ def test_loader_works_without_the_compiled_part(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "torch.Size([1, 2])" in r.stdout
     assert "ImportError" in r.stderr and "torchcap._C" in r.stderr
+
+
+def test_export_with_keyword_arguments():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(4)
+
+        def forward(self, x, *, scale):
+            return self.bn(x) * scale
+
+    m = M().train()
+    before = copy.deepcopy(m)
+    x, s = torch.randn(8, 4), torch.tensor(2.0)
+    ep = torchcap.export(m, (x,), {"scale": s})
+    torch.testing.assert_close(ep(x, scale=s), before(x, scale=s))
+    torch.testing.assert_close(ep.bn.running_mean, before.bn.running_mean)
+
+
+def test_save_an_edited_trace(tmp_path):
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    x = torch.randn(2, 4)
+    gm = torchcap.trace(m, (x,))
+    for n in gm.graph.nodes:
+        if n.target == torch.ops.aten.relu.default:
+            n.target = torch.ops.aten.sigmoid.default
+    gm.recompile()
+    torchcap.save(gm, tmp_path / "e.tcg")
+    loaded = torchcap.load(tmp_path / "e.tcg")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x)[0], torch.sigmoid(m[0](x)))
