@@ -12,7 +12,6 @@ import threading
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torchvision
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -333,7 +332,7 @@ class Boom(Exception):
 
 def test_exception_inside_f_propagates_unchanged_and_leaves_no_state():
     def f(x):
-        y = x * 2
+        x * 2  # an operator recorded before the exception
         raise Boom("from inside")
 
     with pytest.raises(Boom, match="from inside") as info:
@@ -384,6 +383,14 @@ def test_save_then_load_in_python(tmp_path):
     torchcap.save(gm, tmp_path / "m.tcg")
     loaded = torchcap.load(tmp_path / "m.tcg")
     assert_tree_equal(loaded(*args), gm(*args))
+    # Where each node came from travels with it.
+    model = torchvision.models.resnet18().eval()
+    gm = torchcap.trace(model, (torch.randn(1, 3, 32, 32),))
+    torchcap.save(gm, tmp_path / "r.tcg")
+    loaded = {n.name: n for n in torchcap.load(tmp_path / "r.tcg").graph.nodes}
+    for n in gm.graph.nodes:
+        for key in ("stack_trace", "nn_module_stack"):
+            assert loaded[n.name].meta.get(key) == n.meta.get(key), (n.name, key)
 
 
 @pytest.mark.parametrize("exported", [False, True])
