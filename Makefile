@@ -83,7 +83,7 @@ demo: build
 	@$(BUILD_DIR)/torchcap show $(DEMO_DIR)/resnet18.tcg --svg $(DEMO_DIR)/resnet18.svg
 
 bench: build
-	$(BUILD_DIR)/serialize_bench
+	PYTHONPATH=$(BUILD_DIR)/python $(BUILD_DIR)/serialize_bench
 	$(BUILD_DIR)/torchcap_bench
 	$(BUILD_DIR)/memory_bench
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/python_trace_bench.py

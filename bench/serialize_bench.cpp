@@ -2,7 +2,15 @@
 // time to save, time to load, and how much memory loading takes. Prints
 // `name: value unit` lines; times are medians of 7 runs after one warm-up.
 //
-//   serialize_bench
+// Then the scale of the format on a big graph: a chain of 200,000 operator
+// nodes without tensors, each with its value's metadata, a stack frame with a
+// source line and a module stack (shared by 100 nodes, as a block's nodes
+// share one). Save and load times, and the peak memory each takes over what
+// the process held before (the graph itself, for save), per node, each in a
+// fresh process; and torchcap.load's time in Python (/usr/bin/python3 with
+// PYTHONPATH naming the package, as `make bench` sets it).
+//
+//   serialize_bench [--chain-only]
 //
 // Loading maps the file and wraps the weights without copying them, so the
 // memory a load takes should be small next to the file, whatever its size.
@@ -60,6 +68,108 @@ long status_kb(const std::string& field) {
 // during it over the resident set before it. The first load in a fresh
 // process also pays for what LibTorch and the allocator set up lazily; the
 // second is the steady state.
+constexpr int64_t kChainLength = 200000;
+
+// x -> add(x, x) -> add(prev, x) -> ... : kChainLength operator nodes.
+torchcap::GraphModule chain_module(int64_t length) {
+  using namespace torchcap;
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  x->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {2, 3}, {3, 1}, c10::Device(c10::kCPU)});
+  Node* prev = x;
+  ModuleStack stack;
+  for (int64_t i = 0; i < length; ++i) {
+    if (i % 100 == 0) {
+      std::string block = "blocks." + std::to_string(i / 100);
+      stack = ModuleStack({ModuleFrame{"blocks", "torch.nn.modules.container.Sequential"},
+                           ModuleFrame{block, "model.Block"}});
+    }
+    prev = g.call_function("aten::add.Tensor", {prev, x});
+    prev->meta().val = x->meta().val;
+    prev->meta().stack_trace = StackTrace::from_frames(
+        {SourceFrame{"model.py", static_cast<int>(10 + i % 50), "forward", "x = x + y"}});
+    prev->meta().module_stack = stack;
+  }
+  g.output({prev});
+  gm.set_flat_specs();
+  return gm;
+}
+
+// The child's figures: peak resident set during one call over the resident
+// set before it, in kB.
+long peak_kb_during(const std::function<void()>& f) {
+  const long before = status_kb("VmRSS");
+  std::ofstream("/proc/self/clear_refs") << "5";  // resets VmHWM (Linux >= 4.0)
+  f();
+  return status_kb("VmHWM") - before;
+}
+
+// In a fresh process: `--measure-chain save PATH` builds the chain and saves
+// it; `--measure-chain load PATH` loads it. Prints the peak memory of that
+// one call in kB and its time in ms.
+int measure_chain(const std::string& what, const std::string& path) {
+  double ms = 0;
+  long kb;
+  if (what == "save") {
+    torchcap::GraphModule gm = chain_module(kChainLength);
+    kb = peak_kb_during([&] {
+      auto start = std::chrono::steady_clock::now();
+      torchcap::save(gm, path);
+      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    });
+  } else {
+    kb = peak_kb_during([&] {
+      auto start = std::chrono::steady_clock::now();
+      torchcap::GraphModule gm = torchcap::load(path);
+      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  std::printf("%ld %.1f\n", kb, ms);
+  return 0;
+}
+
+// Runs a command and reads two numbers from its output; {-1, -1} on failure.
+std::pair<double, double> run_for_two(const std::string& cmd) {
+  std::pair<double, double> out{-1, -1};
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    if (std::fscanf(p, "%lf %lf", &out.first, &out.second) != 2) out = {-1, -1};
+    ::pclose(p);
+  }
+  return out;
+}
+
+// The chain figures: each measurement in a fresh process, the median of 3.
+void chain_bench(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const std::string path = dir + "/chain.tcg";
+  auto median3 = [](std::vector<std::pair<double, double>> v) {
+    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second < b.second; });
+    return v[1];
+  };
+  std::vector<std::pair<double, double>> saves, loads, pythons;
+  for (int i = 0; i < 3; ++i) saves.push_back(run_for_two(self + " --measure-chain save '" + path + "'"));
+  for (int i = 0; i < 3; ++i) loads.push_back(run_for_two(self + " --measure-chain load '" + path + "'"));
+  // Python: the time of torchcap.load alone, after importing torch.
+  const std::string python =
+      "/usr/bin/python3 -c 'import sys, time, resource, torchcap; t = time.perf_counter(); "
+      "gm = torchcap.load(sys.argv[1]); t = time.perf_counter() - t; "
+      "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, t * 1000)' '" + path + "'";
+  for (int i = 0; i < 3; ++i) pythons.push_back(run_for_two(python));
+  auto [save_kb, save_ms] = median3(saves);
+  auto [load_kb, load_ms] = median3(loads);
+  auto [python_kb, python_ms] = median3(pythons);
+  const double nodes = static_cast<double>(kChainLength);
+  std::printf("serialize_chain200k_file_size: %.1f MB\n", fs::file_size(path) / (1024.0 * 1024.0));
+  std::printf("serialize_chain200k_save: %.0f ms\n", save_ms);
+  std::printf("serialize_chain200k_save_peak_memory: %.2f KB/node\n", save_kb / nodes);
+  std::printf("serialize_chain200k_load: %.0f ms\n", load_ms);
+  std::printf("serialize_chain200k_load_peak_memory: %.2f KB/node\n", load_kb / nodes);
+  std::printf("serialize_chain200k_python_load: %.0f ms\n", python_ms);
+  std::printf("serialize_chain200k_python_peak_rss: %.0f MB\n", python_kb / 1024.0);
+}
+
 int measure_load(const std::string& path, const torchcap::LoadOptions& options) {
   double figures[2], anonymous = 0;
   for (double& figure : figures) {
@@ -101,10 +211,16 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "--measure-load") {
     return measure_load(argv[2], argc == 4 ? unverified : torchcap::LoadOptions{});
   }
+  if (argc == 4 && std::string(argv[1]) == "--measure-chain") return measure_chain(argv[2], argv[3]);
 
   namespace fs = std::filesystem;
   std::string pattern = (fs::temp_directory_path() / "torchcap_bench_XXXXXX").string();
   const std::string dir = ::mkdtemp(pattern.data());
+  if (argc == 2 && std::string(argv[1]) == "--chain-only") {
+    chain_bench(dir);
+    fs::remove_all(dir);
+    return 0;
+  }
   const std::string path = dir + "/resnet18.tcg";
 
   torchcap::examples::Example e = torchcap::examples::make("resnet18");
@@ -119,6 +235,7 @@ int main(int argc, char** argv) {
   const double file_mb = fs::file_size(path) / (1024.0 * 1024.0);
   LoadMemory verified_memory = load_memory(path, true);
   LoadMemory unverified_memory = load_memory(path, false);
+  chain_bench(dir);
   fs::remove_all(dir);
 
   std::printf("serialize_resnet18_weights: %.1f MB\n", weights / (1024.0 * 1024.0));

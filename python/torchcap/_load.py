@@ -547,40 +547,40 @@ class _Reader:
         for i, entry in enumerate(table):
             t = _Lazy(lambda i=i: self.element_offset("tensors", i))
             label = f"tensors[{i}]: "
-            self.expect(entry, "object", t.offset, label)
-            self.check_keys(entry, "tensor", t.offset, label)
-            name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
+            self.expect(entry, "object", t, label)
+            self.check_keys(entry, "tensor", t, label)
+            name = self.expect(self.member(entry, "name", t, label), "string", t,
                                label + "name: ")
             if not name:
-                self.fail(t.offset, label + "name: the name is empty")
+                self.fail(t, label + "name: the name is empty")
             label = f"tensor '{name}' (tensors[{i}]): "
             if name in names:
-                self.fail(t.offset, label + "name: a second tensor has this name")
+                self.fail(t, label + "name: a second tensor has this name")
             names.add(name)
-            dtype_name = self.expect(self.member(entry, "dtype", t.offset, label), "string",
-                                     t.offset, label + "dtype: ")
+            dtype_name = self.expect(self.member(entry, "dtype", t, label), "string",
+                                     t, label + "dtype: ")
             if dtype_name not in _DTYPES:
-                self.fail(t.offset, f"{label}dtype: unknown dtype '{dtype_name}'")
+                self.fail(t, f"{label}dtype: unknown dtype '{dtype_name}'")
             if dtype_name not in _STORABLE_DTYPES:
-                self.fail(t.offset, f"{label}dtype: tensors of dtype {dtype_name} cannot be "
+                self.fail(t, f"{label}dtype: tensors of dtype {dtype_name} cannot be "
                                     "stored in the data section")
             dtype = _STORABLE_DTYPES[dtype_name]
-            sizes = self.dims(self.member(entry, "sizes", t.offset, label), t.offset,
+            sizes = self.dims(self.member(entry, "sizes", t, label), t,
                               label + "sizes: ", True)
-            strides = self.dims(self.member(entry, "strides", t.offset, label), t.offset,
+            strides = self.dims(self.member(entry, "strides", t, label), t,
                                 label + "strides: ", True)
             if len(strides) != len(sizes):
-                self.fail(t.offset, f"{label}strides: {len(strides)} strides for {len(sizes)} "
+                self.fail(t, f"{label}strides: {len(strides)} strides for {len(sizes)} "
                                     "dimensions")
-            offset = self.integer(self.member(entry, "offset", t.offset, label), t.offset,
+            offset = self.integer(self.member(entry, "offset", t, label), t,
                                   label + "offset: ", 0)
-            length = self.integer(self.member(entry, "length", t.offset, label), t.offset,
+            length = self.integer(self.member(entry, "length", t, label), t,
                                   label + "length: ", 0)
             if self.checksums:
-                recorded = self.integer(self.member(entry, "crc32", t.offset, label), t.offset,
+                recorded = self.integer(self.member(entry, "crc32", t, label), t,
                                         label + "crc32: ", 0)
                 if recorded > 0xFFFFFFFF:
-                    self.fail(t.offset, f"{label}crc32: CRC-32 {recorded} does not fit in 32 "
+                    self.fail(t, f"{label}crc32: CRC-32 {recorded} does not fit in 32 "
                                         "bits")
             item = _ITEM_SIZES[dtype_name]
             if any(s == 0 for s in sizes):
@@ -589,17 +589,17 @@ class _Reader:
                 span = (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * item
             numel = math.prod(sizes)
             if span > _INT64_MAX or numel > _INT64_MAX:
-                self.fail(t.offset, f"{label}sizes {sizes} with strides {strides} span more "
+                self.fail(t, f"{label}sizes {sizes} with strides {strides} span more "
                                     "bytes than 64 bits can count")
             if length != span:
-                self.fail(t.offset, f"{label}length: byte length {length} does not match dtype "
+                self.fail(t, f"{label}length: byte length {length} does not match dtype "
                                     f"{dtype_name}, sizes {sizes} and strides {strides}, which "
                                     f"span {span} bytes")
             if offset % _ALIGNMENT:
-                self.fail(t.offset, f"{label}offset: offset {offset} is not a multiple of "
+                self.fail(t, f"{label}offset: offset {offset} is not a multiple of "
                                     f"{_ALIGNMENT}")
             if offset > self.data_size or length > self.data_size - offset:
-                self.fail(t.offset, f"{label}bytes [{offset}, {offset + length}) of the data "
+                self.fail(t, f"{label}bytes [{offset}, {offset + length}) of the data "
                                     f"section extend past its end at {self.data_size}")
             if length:
                 ranges.append((offset, length, i, name))
@@ -643,15 +643,15 @@ class _Reader:
         for i, entry in enumerate(table):
             t = _Lazy(lambda i=i: self.element_offset("module_stacks", i))
             label = f"module_stacks[{i}]: "
-            self.expect(entry, "array", t.offset, label)
+            self.expect(entry, "array", t, label)
             frames = []
             for k, f in enumerate(entry):
                 fl = f"{label}[{k}]: "
-                self.expect(f, "object", t.offset, fl)
-                self.check_keys(f, "module_frame", t.offset, fl)
-                path = self.expect(self.member(f, "path", t.offset, fl), "string", t.offset,
+                self.expect(f, "object", t, fl)
+                self.check_keys(f, "module_frame", t, fl)
+                path = self.expect(self.member(f, "path", t, fl), "string", t,
                                    fl[:-2] + ".path: ")
-                kind = self.expect(self.member(f, "type", t.offset, fl), "string", t.offset,
+                kind = self.expect(self.member(f, "type", t, fl), "string", t,
                                    fl[:-2] + ".type: ")
                 frames.append((path, (path, kind)))
             self.module_stacks.append(tuple(frames))
@@ -664,27 +664,27 @@ class _Reader:
         for i, entry in enumerate(table):
             t = _Lazy(lambda i=i: self.element_offset("attributes", i))
             label = f"attributes[{i}]: "
-            self.expect(entry, "object", t.offset, label)
-            self.check_keys(entry, "attribute", t.offset, label)
-            name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
+            self.expect(entry, "object", t, label)
+            self.check_keys(entry, "attribute", t, label)
+            name = self.expect(self.member(entry, "name", t, label), "string", t,
                                label + "name: ")
             label = f"attribute '{name}' (attributes[{i}]): "
             if not name or any(part == "" for part in name.split(".")):
-                self.fail(t.offset, label + "name: the name is not a dotted path of non-empty "
+                self.fail(t, label + "name: the name is not a dotted path of non-empty "
                                             "parts")
             if name in names:
-                self.fail(t.offset, label + "name: a second attribute has this name")
+                self.fail(t, label + "name: a second attribute has this name")
             names.add(name)
-            kind = self.expect(self.member(entry, "kind", t.offset, label), "string", t.offset,
+            kind = self.expect(self.member(entry, "kind", t, label), "string", t,
                                label + "kind: ")
             if kind not in ("parameter", "buffer", "constant"):
-                self.fail(t.offset, f"{label}kind: unknown attribute kind '{kind}'")
-            index = self.member(entry, "tensor", t.offset, label)
+                self.fail(t, f"{label}kind: unknown attribute kind '{kind}'")
+            index = self.member(entry, "tensor", t, label)
             tensor = None
             if index is not None:
-                index = self.integer(index, t.offset, label + "tensor: ")
+                index = self.integer(index, t, label + "tensor: ")
                 if not 0 <= index < len(self.tensors):
-                    self.fail(t.offset, f"{label}tensor: tensor index {index} is not in the "
+                    self.fail(t, f"{label}tensor: tensor index {index} is not in the "
                                         f"tensor table of {len(self.tensors)}")
                 tensor = self.tensors[index]
             self.attributes.append((name, kind, tensor))
@@ -830,71 +830,71 @@ class _Reader:
         for i, entry in enumerate(nodes):
             t = _Lazy(lambda i=i: self.element_offset("nodes", i))
             label = f"nodes[{i}]: "
-            self.expect(entry, "object", t.offset, label)
-            self.check_keys(entry, "node", t.offset, label)
-            name = self.expect(self.member(entry, "name", t.offset, label), "string", t.offset,
+            self.expect(entry, "object", t, label)
+            self.check_keys(entry, "node", t, label)
+            name = self.expect(self.member(entry, "name", t, label), "string", t,
                                label + "name: ")
             label = f"node %{name} (nodes[{i}]): "
-            op = self.expect(self.member(entry, "op", t.offset, label), "string", t.offset,
+            op = self.expect(self.member(entry, "op", t, label), "string", t,
                              label + "op: ")
-            target = self.expect(self.member(entry, "target", t.offset, label), "string",
-                                 t.offset, label + "target: ")
-            raw_args = self.expect(entry.get("args", []), "array", t.offset, label + "args: ")
-            args = [self.argument(a, env, t.offset, f"{label}args[{k}]: ")
+            target = self.expect(self.member(entry, "target", t, label), "string",
+                                 t, label + "target: ")
+            raw_args = self.expect(entry.get("args", []), "array", t, label + "args: ")
+            args = [self.argument(a, env, t, f"{label}args[{k}]: ")
                     for k, a in enumerate(raw_args)]
-            raw_kwargs = self.expect(entry.get("kwargs", []), "array", t.offset,
+            raw_kwargs = self.expect(entry.get("kwargs", []), "array", t,
                                      label + "kwargs: ")
             kwargs = {}
             for k, pair in enumerate(raw_kwargs):
                 if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
-                    self.fail(t.offset, f"{label}kwargs[{k}]: a keyword argument is a "
+                    self.fail(t, f"{label}kwargs[{k}]: a keyword argument is a "
                                         "[name, value] pair")
-                kwargs[pair[0]] = self.argument(pair[1], env, t.offset,
+                kwargs[pair[0]] = self.argument(pair[1], env, t,
                                                 f"{label}kwargs[{k}][1]: ")
             if output is not None:
-                self.fail(t.offset, label + "the node comes after the output node")
+                self.fail(t, label + "the node comes after the output node")
             if (name in env or not _NODE_NAME.fullmatch(name)
                     or name in _RESERVED_NODE_NAMES):
-                self.fail(t.offset, f"{label}name: duplicate or invalid node name '{name}'")
+                self.fail(t, f"{label}name: duplicate or invalid node name '{name}'")
             if op in ("placeholder", "get_attr") and (args or kwargs):
-                self.fail(t.offset, f"{label}{'a placeholder' if op == 'placeholder' else op} "
+                self.fail(t, f"{label}{'a placeholder' if op == 'placeholder' else op} "
                                     "takes no arguments")
             if op == "placeholder":
                 if seen_other:
-                    self.fail(t.offset, f"{label}placeholder %{name} comes after "
+                    self.fail(t, f"{label}placeholder %{name} comes after "
                                         "non-placeholder nodes")
                 node = graph.create_node("placeholder", name, name=name)
             elif op == "get_attr":
                 if not target:
-                    self.fail(t.offset, label + "get_attr: the attribute path is empty")
+                    self.fail(t, label + "get_attr: the attribute path is empty")
                 node = graph.create_node("get_attr", target, name=name)
             elif op == "call_function" and target == "getitem":
                 if (len(args) != 2 or kwargs or not isinstance(args[0], torch.fx.Node)
                         or isinstance(args[1], bool) or not isinstance(args[1], int)):
-                    self.fail(t.offset, label + "args: getitem takes (node, index)")
+                    self.fail(t, label + "args: getitem takes (node, index)")
                 node = graph.create_node("call_function", operator.getitem, tuple(args),
                                          name=name)
             elif op == "call_function":
-                fn = self.operator(target, t.offset, label)
-                self.check_kwargs(fn, target, kwargs, t.offset, label)
+                fn = self.operator(target, t, label)
+                self.check_kwargs(fn, target, kwargs, t, label)
                 node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
             elif op == "output":
                 if len(args) != 1 or not isinstance(args[0], list) or kwargs:
-                    self.fail(t.offset, label + "args: the output takes one argument, the list "
+                    self.fail(t, label + "args: the output takes one argument, the list "
                                                 "of results")
                 if target != "output":
-                    self.fail(t.offset, label + "target: the output's target is 'output'")
+                    self.fail(t, label + "target: the output's target is 'output'")
                 if not all(isinstance(a, torch.fx.Node) for a in args[0]):
-                    self.fail(t.offset, label + "the results must be nodes")
+                    self.fail(t, label + "the results must be nodes")
                 node = output = graph.output(args[0])
             else:
-                self.fail(t.offset, f"{label}op: unknown opcode '{op}'")
+                self.fail(t, f"{label}op: unknown opcode '{op}'")
             seen_other = seen_other or op != "placeholder"
             # torch.fx may rename a node whose name Python code cannot use
             # ("NoneType"); references in the file still use the file's name.
             env[name] = node
             if "meta" in entry:
-                self.meta(node, entry["meta"], t.offset, label + "meta: ")
+                self.meta(node, entry["meta"], t, label + "meta: ")
         if output is None:
             self.fail(self.element_offset("nodes", len(nodes)), "'nodes': the graph has no output "
                                                                 "node")
@@ -1059,8 +1059,7 @@ class _Lazy:
         self._compute = compute
         self._value = None
 
-    @property
-    def offset(self):
+    def __call__(self):
         if self._value is None:
             self._value = self._compute()
         return self._value
