@@ -29,26 +29,35 @@ import torch
 import torch.fx
 from torch.fx.graph import CodeGen
 
-FORMAT_MAJOR_VERSION = 1
-FORMAT_MINOR_VERSION = 2
+from torchcap._format_tables import TABLES as _TABLES
 
-_MAGIC = b"\x89TCG\r\n\x1a\n"
+# Note [Wire tokens] in src/serialize/format.h: the format's constants and
+# token tables come from the C++ ones (_format_tables.py is generated from
+# them, and test_load.py fails when the two differ).
+FORMAT_MAJOR_VERSION = _TABLES["version"]["major"]
+FORMAT_MINOR_VERSION = _TABLES["version"]["minor"]
+
+_MAGIC = bytes(_TABLES["header"]["magic"])
 # magic, major, minor, header size, file size, JSON offset, JSON size,
-# data offset, data size, alignment, flags
+# data offset, data size, alignment, flags: the fields of every version, in
+# the order of _TABLES["header"]["fields"].
 _HEADER = struct.Struct("<8sHHIQQQQQII")
-_BASE_HEADER_SIZE = 64
+_BASE_HEADER_SIZE = _TABLES["header"]["base_size"]
 # From version 1.1: the JSON section's CRC-32 and the header's, after those.
 _CHECKSUMS = struct.Struct("<II")
-_HEADER_SIZE = 72
-_HEADER_CRC_AT = 68
-_ALIGNMENT = 64
-_MAX_DIMS = 64
-_MAX_JSON_SIZE = 1 << 30
+_CHECKSUMS_SINCE = _TABLES["header"]["checksums_since"]
+_HEADER_SIZE = _TABLES["header"]["size"]
+_FIELD = _TABLES["header"]["fields"]
+_HEADER_CRC_AT = _FIELD["header_crc"]
+_ALIGNMENT = _TABLES["header"]["alignment"]
+_MAX_DIMS = _TABLES["limits"]["max_tensor_dims"]
+_MAX_JSON_SIZE = _TABLES["limits"]["max_json_size"]
 _INT64_MAX = (1 << 63) - 1
 _NODE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names a node cannot take because generated code would break: keywords,
 # builtins, and names the code uses. The same list as the C++ graph's
-# (src/graph/graph.cpp, reserved_names), so both loaders refuse the same files.
+# (src/graph/graph.cpp, reserved_names), so both loaders refuse the same files;
+# test_load.py compares the two over every keyword and builtin.
 _RESERVED_NODE_NAMES = frozenset((
     "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
     "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
@@ -65,72 +74,17 @@ _RESERVED_NODE_NAMES = frozenset((
     "self", "torch", "operator", "device", "inf", "nan", "math"))
 
 # Dtypes whose tensors the data section holds, and the others an argument or
-# a value's metadata may name.
-_STORABLE_DTYPES = {
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "complex32": torch.complex32,
-    "complex64": torch.complex64,
-    "complex128": torch.complex128,
-    "bool": torch.bool,
-    "bfloat16": torch.bfloat16,
-}
-# Element sizes, without making a tensor (complex32 warns when one is made).
-_ITEM_SIZES = {
-    "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "float32": 4,
-    "float64": 8, "complex32": 4, "complex64": 8, "complex128": 16, "bool": 1, "bfloat16": 2,
-}
-_DTYPES = dict(
-    _STORABLE_DTYPES,
-    qint8=torch.qint8,
-    quint8=torch.quint8,
-    qint32=torch.qint32,
-    quint4x2=torch.quint4x2,
-    quint2x4=torch.quint2x4,
-)
-_LAYOUTS = {
-    "strided": torch.strided,
-    "sparse_coo": torch.sparse_coo,
-    "sparse_csr": torch.sparse_csr,
-    "sparse_csc": torch.sparse_csc,
-    "sparse_bsr": torch.sparse_bsr,
-    "sparse_bsc": torch.sparse_bsc,
-    "_mkldnn": torch._mkldnn,
-}
-_MEMORY_FORMATS = {
-    "contiguous_format": torch.contiguous_format,
-    "preserve_format": torch.preserve_format,
-    "channels_last": torch.channels_last,
-    "channels_last_3d": torch.channels_last_3d,
-}
+# a value's metadata may name; element sizes without making a tensor
+# (complex32 warns when one is made).
+_DTYPES = {name: getattr(torch, name) for name in _TABLES["dtypes"]}
+_STORABLE_DTYPES = {name: _DTYPES[name] for name, d in _TABLES["dtypes"].items() if d["storable"]}
+_ITEM_SIZES = {name: d["item_size"] for name, d in _TABLES["dtypes"].items()}
+_LAYOUTS = {name: getattr(torch, name) for name in _TABLES["layouts"]}
+_MEMORY_FORMATS = {name: getattr(torch, name) for name in _TABLES["memory_formats"]}
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 # The keys of each JSON object, with the minor version that added each
 # (Note [Keys by version] in src/serialize/format.h).
-_KEYS = {
-    "document": {"module_stacks": 2, "nodes": 0, "attributes": 0, "tensors": 0, "in_spec": 0,
-                 "out_spec": 0, "signature": 0},
-    "node": {"name": 0, "op": 0, "target": 0, "args": 0, "kwargs": 0, "meta": 0},
-    "meta": {"val": 0, "stack_trace": 0, "module_stack": 2},
-    "value": {"kind": 0, "tensors": 0},
-    "tensor_meta": {"dtype": 0, "sizes": 0, "strides": 0, "device": 0},
-    "frame": {"file": 0, "line": 0, "function": 0, "code": 2},
-    "module_frame": {"path": 2, "type": 2},
-    "tensor": {"name": 0, "dtype": 0, "sizes": 0, "strides": 0, "offset": 0, "length": 0,
-               "crc32": 1},
-    "attribute": {"name": 0, "kind": 0, "tensor": 0},
-    "signature": {"outputs": 0},
-    "output": {"kind": 0, "target": 0},
-    "leaf_spec": {"kind": 0},
-    "constant_spec": {"kind": 0, "value": 0},
-    "sequence_spec": {"kind": 0, "children": 0},
-    "dict_spec": {"kind": 0, "keys": 0, "children": 0},
-}
+_KEYS = _TABLES["keys"]
 
 
 class _Spec:
@@ -363,20 +317,20 @@ class _Reader:
          data_size, alignment, flags) = _HEADER.unpack_from(self.buf, 0)
         version = f"{major}.{minor}"
         if major != FORMAT_MAJOR_VERSION:
-            self.fail(8, f"format version {version} is not supported; this torchcap "
+            self.fail(_FIELD["major"], f"format version {version} is not supported; this torchcap "
                          f"reads version {FORMAT_MAJOR_VERSION}.x")
         self.strict = minor <= FORMAT_MINOR_VERSION
         self.minor = minor
-        self.checksums = minor >= 1
+        self.checksums = minor >= _CHECKSUMS_SINCE
         expected_header = _HEADER_SIZE if self.checksums else _BASE_HEADER_SIZE
         if size < expected_header:
             self.fail(size, f"the file ends after {size} bytes, inside the {expected_header}-byte "
                             f"header of version {version}")
         if self.strict and header_size != expected_header:
-            self.fail(12, f"header size {header_size} is not {expected_header}, the header size "
+            self.fail(_FIELD["header_size"], f"header size {header_size} is not {expected_header}, the header size "
                           f"of version {version}")
         if header_size < expected_header or header_size > size:
-            self.fail(12, f"header size {header_size} is not between {expected_header} and the "
+            self.fail(_FIELD["header_size"], f"header size {header_size} is not between {expected_header} and the "
                           f"file size {size}")
         if self.checksums:
             self.json_crc, recorded = _CHECKSUMS.unpack_from(self.buf, _BASE_HEADER_SIZE)
@@ -387,28 +341,28 @@ class _Reader:
                     self.fail(_HEADER_CRC_AT, f"the header is damaged: its CRC-32 is "
                                               f"0x{crc:08x}, the header records 0x{recorded:08x}")
         if file_size != size:
-            self.fail(16, f"the header gives the file size as {file_size} bytes but the file has "
+            self.fail(_FIELD["file_size"], f"the header gives the file size as {file_size} bytes but the file has "
                           f"{size}" + (" (truncated)" if file_size > size else " (trailing bytes)"))
         if alignment != _ALIGNMENT:
-            self.fail(56, f"alignment {alignment} is not {_ALIGNMENT}")
+            self.fail(_FIELD["alignment"], f"alignment {alignment} is not {_ALIGNMENT}")
         if self.strict and flags != 0:
-            self.fail(60, f"unknown flags {flags:#x} for version {major}.{minor}")
+            self.fail(_FIELD["flags"], f"unknown flags {flags:#x} for version {major}.{minor}")
         if json_offset < header_size or json_offset > size:
-            self.fail(24, f"the JSON section's offset {json_offset} is not between the end of "
+            self.fail(_FIELD["json_offset"], f"the JSON section's offset {json_offset} is not between the end of "
                           "the header and the end of the file")
         if json_size > size - json_offset:
-            self.fail(32, f"the JSON section [{json_offset}, +{json_size}) extends past the end "
+            self.fail(_FIELD["json_size"], f"the JSON section [{json_offset}, +{json_size}) extends past the end "
                           f"of the file at {size}")
         if json_size > _MAX_JSON_SIZE:
-            self.fail(32, f"the JSON section is {json_size} bytes; the format allows at most "
+            self.fail(_FIELD["json_size"], f"the JSON section is {json_size} bytes; the format allows at most "
                           f"{_MAX_JSON_SIZE}")
         json_end = json_offset + json_size
         if data_offset % _ALIGNMENT or data_offset < json_end or data_offset > size:
-            self.fail(40, f"the data section's offset {data_offset} is not a multiple of 64 "
+            self.fail(_FIELD["data_offset"], f"the data section's offset {data_offset} is not a multiple of 64 "
                           f"between the end of the JSON section at {json_end} and the end of "
                           "the file")
         if data_size > size - data_offset:
-            self.fail(48, f"the data section [{data_offset}, +{data_size}) extends past the end "
+            self.fail(_FIELD["data_size"], f"the data section [{data_offset}, +{data_size}) extends past the end "
                           f"of the file at {size}")
         self.json_offset, self.json_size = json_offset, json_size
         self.data_offset, self.data_size = data_offset, data_size
@@ -677,7 +631,7 @@ class _Reader:
             names.add(name)
             kind = self.expect(self.member(entry, "kind", t, label), "string", t,
                                label + "kind: ")
-            if kind not in ("parameter", "buffer", "constant"):
+            if kind not in _TABLES["attribute_kinds"]:
                 self.fail(t, f"{label}kind: unknown attribute kind '{kind}'")
             index = self.member(entry, "tensor", t, label)
             tensor = None
@@ -766,10 +720,10 @@ class _Reader:
             kind = self.expect(self.member(val, "kind", offset, vlabel), "string", offset, vlabel)
             tensors = self.expect(self.member(val, "tensors", offset, vlabel), "array", offset,
                                   vlabel)
-            want = {"tensor": 1, "none": 0}.get(kind)
-            if kind not in ("tensor", "tuple", "list", "none"):
+            want = _TABLES["value_kinds"].get(kind)  # -1: any number
+            if want is None:
                 self.fail(offset, f"{vlabel[:-2]}.kind: unknown value kind '{kind}'")
-            if want is not None and len(tensors) != want:
+            if want >= 0 and len(tensors) != want:
                 self.fail(offset, f"{vlabel[:-2]}.tensors: a value of kind '{kind}' has {want} "
                                   f"tensor(s), not {len(tensors)}")
             metas = []
@@ -913,7 +867,7 @@ class _Reader:
             self.check_keys(value, "constant_spec", offset, label)
             return _Spec(kind, value=self.constant(self.member(value, "value", offset, label),
                                                    offset, label[:-2] + ".value: "))
-        if kind not in ("tuple", "list", "dict"):
+        if kind not in _TABLES["spec_kinds"]:
             self.fail(offset, f"{label[:-2]}.kind: unknown spec kind '{kind}'")
         children = self.expect(self.member(value, "children", offset, label), "array", offset,
                                label[:-2] + ".children: ")
@@ -958,7 +912,7 @@ class _Reader:
             self.expect(o, "object", at, ol)
             self.check_keys(o, "output", at, ol)
             kind = self.expect(self.member(o, "kind", at, ol), "string", at, ol[:-2] + ".kind: ")
-            if kind not in ("user", "buffer_mutation", "input_mutation"):
+            if kind not in _TABLES["output_kinds"]:
                 self.fail(at, f"{ol[:-2]}.kind: unknown output kind '{kind}'")
             target = self.expect(self.member(o, "target", at, ol), "string", at,
                                  ol[:-2] + ".target: ")

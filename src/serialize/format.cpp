@@ -19,56 +19,6 @@ uint64_t get(const unsigned char* in, uint64_t offset, int bytes) {
   return v;
 }
 
-struct DtypeEntry {
-  c10::ScalarType type;
-  const char* name;
-  bool storable;
-};
-
-// The format's own table, not the printer's: names in files must never change.
-constexpr DtypeEntry kDtypes[] = {
-    {c10::ScalarType::Byte, "uint8", true},
-    {c10::ScalarType::Char, "int8", true},
-    {c10::ScalarType::Short, "int16", true},
-    {c10::ScalarType::Int, "int32", true},
-    {c10::ScalarType::Long, "int64", true},
-    {c10::ScalarType::Half, "float16", true},
-    {c10::ScalarType::Float, "float32", true},
-    {c10::ScalarType::Double, "float64", true},
-    {c10::ScalarType::ComplexHalf, "complex32", true},
-    {c10::ScalarType::ComplexFloat, "complex64", true},
-    {c10::ScalarType::ComplexDouble, "complex128", true},
-    {c10::ScalarType::Bool, "bool", true},
-    {c10::ScalarType::BFloat16, "bfloat16", true},
-    {c10::ScalarType::QInt8, "qint8", false},
-    {c10::ScalarType::QUInt8, "quint8", false},
-    {c10::ScalarType::QInt32, "qint32", false},
-    {c10::ScalarType::QUInt4x2, "quint4x2", false},
-    {c10::ScalarType::QUInt2x4, "quint2x4", false},
-};
-
-struct LayoutEntry {
-  c10::Layout layout;
-  const char* name;
-};
-constexpr LayoutEntry kLayouts[] = {
-    {c10::Layout::Strided, "strided"},       {c10::Layout::Sparse, "sparse_coo"},
-    {c10::Layout::SparseCsr, "sparse_csr"},  {c10::Layout::SparseCsc, "sparse_csc"},
-    {c10::Layout::SparseBsr, "sparse_bsr"},  {c10::Layout::SparseBsc, "sparse_bsc"},
-    {c10::Layout::Mkldnn, "_mkldnn"},
-};
-
-struct MemoryFormatEntry {
-  c10::MemoryFormat format;
-  const char* name;
-};
-constexpr MemoryFormatEntry kMemoryFormats[] = {
-    {c10::MemoryFormat::Contiguous, "contiguous_format"},
-    {c10::MemoryFormat::Preserve, "preserve_format"},
-    {c10::MemoryFormat::ChannelsLast, "channels_last"},
-    {c10::MemoryFormat::ChannelsLast3d, "channels_last_3d"},
-};
-
 constexpr uint64_t kCanonicalNan = 0x7ff8000000000000ULL;
 
 }  // namespace
@@ -132,70 +82,39 @@ Header decode_header(const unsigned char* in, uint64_t available) {
 
 const char* dtype_name(c10::ScalarType t) {
   for (const auto& d : kDtypes) {
-    if (d.type == t) return d.name;
+    if (d.value == t) return d.name;
   }
   return nullptr;
 }
 
 std::optional<c10::ScalarType> dtype_from_name(const std::string& name) {
   for (const auto& d : kDtypes) {
-    if (name == d.name) return d.type;
+    if (name == d.name) return d.value;
   }
   return std::nullopt;
 }
 
 bool is_storable_dtype(c10::ScalarType t) {
   for (const auto& d : kDtypes) {
-    if (d.type == t) return d.storable;
+    if (d.value == t) return d.storable;
   }
   return false;
 }
 
-const char* layout_name(c10::Layout l) {
-  for (const auto& e : kLayouts) {
-    if (e.layout == l) return e.name;
-  }
-  return nullptr;
-}
-
-std::optional<c10::Layout> layout_from_name(const std::string& name) {
-  for (const auto& e : kLayouts) {
-    if (name == e.name) return e.layout;
-  }
-  return std::nullopt;
-}
-
-const char* memory_format_name(c10::MemoryFormat m) {
-  for (const auto& e : kMemoryFormats) {
-    if (e.format == m) return e.name;
-  }
-  return nullptr;
-}
-
-std::optional<c10::MemoryFormat> memory_format_from_name(const std::string& name) {
-  for (const auto& e : kMemoryFormats) {
-    if (name == e.name) return e.format;
-  }
-  return std::nullopt;
-}
-
-const char* output_kind_token(OutputKind k) {
+const Keys& spec_keys(TreeSpec::Kind k) {
   switch (k) {
-    case OutputKind::User:
-      return "user";
-    case OutputKind::BufferMutation:
-      return "buffer_mutation";
-    case OutputKind::InputMutation:
-      return "input_mutation";
+    case TreeSpec::Kind::Leaf:
+    case TreeSpec::Kind::None:
+      return keys::kLeafSpec;
+    case TreeSpec::Kind::Constant:
+      return keys::kConstantSpec;
+    case TreeSpec::Kind::Tuple:
+    case TreeSpec::Kind::List:
+      return keys::kSequenceSpec;
+    case TreeSpec::Kind::Dict:
+      return keys::kDictSpec;
   }
-  return "?";
-}
-
-std::optional<OutputKind> output_kind_from_token(const std::string& name) {
-  for (OutputKind k : {OutputKind::User, OutputKind::BufferMutation, OutputKind::InputMutation}) {
-    if (name == output_kind_token(k)) return k;
-  }
-  return std::nullopt;
+  return keys::kLeafSpec;
 }
 
 std::string nonfinite_double_string(double d) {

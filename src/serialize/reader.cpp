@@ -659,17 +659,8 @@ class Reader {
         fail(e, root.at("name"), "the name is not a dotted path of non-empty parts");
       }
       if (!names.insert(name).second) fail(e, root.at("name"), "a second attribute has this name");
-      const std::string& kind = string(member(a, "kind", e, root), e, root.at("kind"));
-      AttributeKind k;
-      if (kind == "parameter") {
-        k = AttributeKind::Parameter;
-      } else if (kind == "buffer") {
-        k = AttributeKind::Buffer;
-      } else if (kind == "constant") {
-        k = AttributeKind::Constant;
-      } else {
-        fail(e, root.at("kind"), "unknown attribute kind '" + kind + "'");
-      }
+      AttributeKind k = named(format::kAttributeKinds, "attribute kind", member(a, "kind", e, root),
+                              e, root.at("kind"));
       const Json& t = member(a, "tensor", e, root);
       int64_t index = -1;
       if (!t.is_null()) {
@@ -716,28 +707,37 @@ class Reader {
     const std::string& kind = v.begin().key();
     const Json& value = v.begin().value();
     Path q = p.at(kind.c_str());
-    if (kind == "node") {
-      const std::string& name = string(value, w, q);
-      Node* n = g.find(name);
-      if (n == nullptr) fail(w, q, "%" + name + " is not a node defined before this one");
-      return Argument(n);
-    }
-    if (kind == "float") return Argument(float_value(value, w, q));
-    if (kind == "dtype") return Argument(dtype(value, w, q));
-    if (kind == "device") return Argument(device(value, w, q));
-    if (kind == "layout") {
-      const std::string& s = string(value, w, q);
-      std::optional<c10::Layout> l = format::layout_from_name(s);
-      if (!l) fail(w, q, "unknown layout '" + s + "'");
-      return Argument(*l);
-    }
-    if (kind == "memory_format") {
-      const std::string& s = string(value, w, q);
-      std::optional<c10::MemoryFormat> m = format::memory_format_from_name(s);
-      if (!m) fail(w, q, "unknown memory format '" + s + "'");
-      return Argument(*m);
+    std::optional<format::ArgumentTag> tag = format::token_value(format::kArgumentTags, kind);
+    if (!tag) fail(w, p, "unknown argument kind '" + kind + "'");
+    switch (*tag) {
+      case format::ArgumentTag::Node: {
+        const std::string& name = string(value, w, q);
+        Node* n = g.find(name);
+        if (n == nullptr) fail(w, q, "%" + name + " is not a node defined before this one");
+        return Argument(n);
+      }
+      case format::ArgumentTag::Float:
+        return Argument(float_value(value, w, q));
+      case format::ArgumentTag::Dtype:
+        return Argument(dtype(value, w, q));
+      case format::ArgumentTag::Device:
+        return Argument(device(value, w, q));
+      case format::ArgumentTag::Layout:
+        return Argument(named(format::kLayouts, "layout", value, w, q));
+      case format::ArgumentTag::MemoryFormat:
+        return Argument(named(format::kMemoryFormats, "memory format", value, w, q));
     }
     fail(w, p, "unknown argument kind '" + kind + "'");
+  }
+
+  // The value a string names in `table`.
+  template <typename T, size_t N>
+  T named(const format::Token<T> (&table)[N], const char* what, const Json& v, const Where& w,
+          const Path& p) const {
+    const std::string& s = string(v, w, p);
+    std::optional<T> value = format::token_value(table, s);
+    if (!value) fail(w, p, std::string("unknown ") + what + " '" + s + "'");
+    return *value;
   }
 
   TensorMeta tensor_meta(const Json& v, const Where& w, const Path& p) const {
@@ -764,24 +764,12 @@ class Reader {
       object(*it, w, q);
       check_keys(*it, format::keys::kValue, w, q);
       const std::string& kind = string(member(*it, "kind", w, q), w, q.at("kind"));
-      size_t want = 0;  // tensors required; SIZE_MAX: any number
-      if (kind == "tensor") {
-        meta.val.kind = ValueKind::Tensor;
-        want = 1;
-      } else if (kind == "tuple") {
-        meta.val.kind = ValueKind::Tuple;
-        want = SIZE_MAX;
-      } else if (kind == "list") {
-        meta.val.kind = ValueKind::List;
-        want = SIZE_MAX;
-      } else if (kind == "none") {
-        meta.val.kind = ValueKind::None;
-      } else {
-        fail(w, q.at("kind"), "unknown value kind '" + kind + "'");
-      }
+      meta.val.kind = named(format::kValueKinds, "value kind", member(*it, "kind", w, q), w,
+                            q.at("kind"));
+      const int want = format::value_kind_tensors(meta.val.kind);  // -1: any number
       Path tq = q.at("tensors");
       const Json& tensors = array(member(*it, "tensors", w, q), w, tq);
-      if (want != SIZE_MAX && tensors.size() != want) {
+      if (want >= 0 && tensors.size() != static_cast<size_t>(want)) {
         fail(w, tq, "a value of kind '" + kind + "' has " + std::to_string(want) +
                         " tensor(s), not " + std::to_string(tensors.size()));
       }
@@ -862,36 +850,45 @@ class Reader {
         if (!args.empty() || !kwargs.empty()) fail(w, root, std::string(what) + " takes no arguments");
       };
       Node* n = nullptr;
+      const std::optional<OpCode> opcode = format::token_value(format::kOpcodes, op);
       try {
-        if (op == "placeholder") {
-          no_arguments("a placeholder");
-          if (target.empty()) fail(w, root.at("target"), "the placeholder's target is empty");
-          n = g.placeholder(target, name);
-        } else if (op == "get_attr") {
-          no_arguments("get_attr");
-          n = g.get_attr(target, name);
-        } else if (op == "call_function" && target == kGetItem) {
-          if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
-            fail(w, root.at("args"), "getitem takes (node, index)");
-          }
-          n = g.getitem(args[0].to_node(), args[1].to_int(), name);
-        } else if (op == "call_function") {
-          n = g.call_function(target, std::move(args), std::move(kwargs), name);
-        } else if (op == "output") {
-          if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
-            fail(w, root.at("args"), "the output takes one argument, the list of results");
-          }
-          if (target != "output") fail(w, root.at("target"), "the output's target is 'output'");
-          n = g.output(args[0].to_list());
-        } else {
-          fail(w, root.at("op"), "unknown opcode '" + op + "'");
+        if (!opcode) fail(w, root.at("op"), "unknown opcode '" + op + "'");
+        switch (*opcode) {
+          case OpCode::Placeholder:
+            no_arguments("a placeholder");
+            if (target.empty()) fail(w, root.at("target"), "the placeholder's target is empty");
+            n = g.placeholder(target, name);
+            break;
+          case OpCode::GetAttr:
+            no_arguments("get_attr");
+            n = g.get_attr(target, name);
+            break;
+          case OpCode::CallFunction:
+            if (target != format::kGetItemTarget) {
+              n = g.call_function(target, std::move(args), std::move(kwargs), name);
+              break;
+            }
+            if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
+              fail(w, root.at("args"), "getitem takes (node, index)");
+            }
+            n = g.getitem(args[0].to_node(), args[1].to_int(), name);
+            break;
+          case OpCode::Output:
+            if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
+              fail(w, root.at("args"), "the output takes one argument, the list of results");
+            }
+            if (target != format::kOutputTarget) {
+              fail(w, root.at("target"), "the output's target is 'output'");
+            }
+            n = g.output(args[0].to_list());
+            break;
         }
       } catch (const FormatError&) {
         throw;
       } catch (const Error& e) {
         // call_function: no such operator; get_attr: empty path.
         std::string what = e.what();
-        if (op == "call_function" && is_custom_operator(target) && n == nullptr) {
+        if (opcode == OpCode::CallFunction && is_custom_operator(target) && n == nullptr) {
           // Note [Custom operators]: registered only once their library is loaded.
           what += "; load the library that defines it first (dlopen it or link it into the "
                   "program, as torch.ops.load_library does in Python)";
@@ -932,10 +929,9 @@ class Reader {
       Path p = op.at(static_cast<int64_t>(i));
       const Json& o = object((*it)[i], w, p);
       check_keys(o, format::keys::kOutput, w, p);
-      const std::string& kind = string(member(o, "kind", w, p), w, p.at("kind"));
-      std::optional<OutputKind> k = format::output_kind_from_token(kind);
-      if (!k) fail(w, p.at("kind"), "unknown output kind '" + kind + "'");
-      out.push_back(OutputSpec{*k, string(member(o, "target", w, p), w, p.at("target"))});
+      OutputKind k = named(format::kOutputKinds, "output kind", member(o, "kind", w, p), w,
+                           p.at("kind"));
+      out.push_back(OutputSpec{k, string(member(o, "target", w, p), w, p.at("target"))});
     }
     return out;
   }
@@ -957,17 +953,20 @@ class Reader {
   // As deep as the JSON, which the scan has bounded.
   TreeSpec read_spec(const Json& v, const Where& w, const Path& p) const {
     object(v, w, p);
-    const std::string& kind = string(member(v, "kind", w, p), w, p.at("kind"));
-    if (kind == "leaf" || kind == "none") {
-      check_keys(v, format::keys::kLeafSpec, w, p);
-      return kind == "leaf" ? TreeSpec::leaf() : TreeSpec::none();
-    }
-    if (kind == "constant") {
-      check_keys(v, format::keys::kConstantSpec, w, p);
-      return TreeSpec::constant(constant(member(v, "value", w, p), w, p.at("value")));
-    }
-    if (kind != "tuple" && kind != "list" && kind != "dict") {
-      fail(w, p.at("kind"), "unknown spec kind '" + kind + "'");
+    using K = TreeSpec::Kind;
+    const K kind = named(format::kSpecKinds, "spec kind", member(v, "kind", w, p), w, p.at("kind"));
+    switch (kind) {
+      case K::Leaf:
+      case K::None:
+        check_keys(v, format::spec_keys(kind), w, p);
+        return kind == K::Leaf ? TreeSpec::leaf() : TreeSpec::none();
+      case K::Constant:
+        check_keys(v, format::spec_keys(kind), w, p);
+        return TreeSpec::constant(constant(member(v, "value", w, p), w, p.at("value")));
+      case K::Tuple:
+      case K::List:
+      case K::Dict:
+        break;
     }
     Path cp = p.at("children");
     const Json& children = array(member(v, "children", w, p), w, cp);
@@ -975,11 +974,10 @@ class Reader {
     for (size_t i = 0; i < children.size(); ++i) {
       specs.push_back(read_spec(children[i], w, cp.at(static_cast<int64_t>(i))));
     }
-    if (kind != "dict") {
-      check_keys(v, format::keys::kSequenceSpec, w, p);
-      return kind == "tuple" ? TreeSpec::tuple(std::move(specs)) : TreeSpec::list(std::move(specs));
+    check_keys(v, format::spec_keys(kind), w, p);
+    if (kind != K::Dict) {
+      return kind == K::Tuple ? TreeSpec::tuple(std::move(specs)) : TreeSpec::list(std::move(specs));
     }
-    check_keys(v, format::keys::kDictSpec, w, p);
     Path kp = p.at("keys");
     const Json& keys = array(member(v, "keys", w, p), w, kp);
     if (keys.size() != specs.size()) {

@@ -42,7 +42,7 @@ std::string checked_dtype(c10::ScalarType t, const std::string& where) {
 
 Json double_json(double d) {
   if (std::isfinite(d)) return d;
-  return Json{{"float", format::nonfinite_double_string(d)}};
+  return Json{{format::tag(format::ArgumentTag::Float), format::nonfinite_double_string(d)}};
 }
 
 // Arguments nest only as deep as their lists; the depth limit on the whole
@@ -52,7 +52,7 @@ Json argument_json(const Argument& a, const std::string& where) {
     case 0:
       return nullptr;
     case 1:
-      return Json{{"node", a.to_node()->name()}};
+      return Json{{format::tag(format::ArgumentTag::Node), a.to_node()->name()}};
     case 2:
       return a.to_int();
     case 3:
@@ -62,21 +62,21 @@ Json argument_json(const Argument& a, const std::string& where) {
     case 5:
       return checked_utf8(a.to_string(), where);
     case 6:
-      return Json{{"dtype", checked_dtype(a.to_scalar_type(), where)}};
+      return Json{{format::tag(format::ArgumentTag::Dtype), checked_dtype(a.to_scalar_type(), where)}};
     case 7: {
-      const char* name = format::layout_name(a.to_layout());
+      const char* name = format::token_name(format::kLayouts, a.to_layout());
       if (name == nullptr) fail(where + ": layout " + c10::toString(a.to_layout()) + " has no name");
-      return Json{{"layout", name}};
+      return Json{{format::tag(format::ArgumentTag::Layout), name}};
     }
     case 8:
-      return Json{{"device", a.to_device().str()}};
+      return Json{{format::tag(format::ArgumentTag::Device), a.to_device().str()}};
     case 9: {
-      const char* name = format::memory_format_name(a.to_memory_format());
+      const char* name = format::token_name(format::kMemoryFormats, a.to_memory_format());
       if (name == nullptr) {
         fail(where + ": memory format " + std::string(c10::toString(a.to_memory_format())) +
              " has no name");
       }
-      return Json{{"memory_format", name}};
+      return Json{{format::tag(format::ArgumentTag::MemoryFormat), name}};
     }
     case 10: {
       Json list = Json::array();
@@ -94,29 +94,13 @@ Json tensor_meta_json(const TensorMeta& m, const std::string& where) {
               {"device", m.device.str()}};
 }
 
-const char* value_kind_name(ValueKind k) {
-  switch (k) {
-    case ValueKind::Tensor:
-      return "tensor";
-    case ValueKind::Tuple:
-      return "tuple";
-    case ValueKind::List:
-      return "list";
-    case ValueKind::None:
-      return "none";
-    case ValueKind::Unknown:
-      break;
-  }
-  return nullptr;
-}
-
 // `module_stack`: the stack's index in the module stack table, or -1 for none.
 Json meta_json(const NodeMeta& meta, int64_t module_stack, const std::string& where) {
   Json out = Json::object();
   if (meta.val.known()) {
     Json tensors = Json::array();
     for (const TensorMeta& t : meta.val.tensors) tensors.push_back(tensor_meta_json(t, where));
-    out["val"] = Json{{"kind", value_kind_name(meta.val.kind)}, {"tensors", std::move(tensors)}};
+    out["val"] = Json{{"kind", format::token_name(format::kValueKinds, meta.val.kind)}, {"tensors", std::move(tensors)}};
   }
   // Symbolizes now, if the trace holds raw addresses. Paths and function names
   // come from debug information and may hold any bytes; they are descriptive,
@@ -149,27 +133,29 @@ Json constant_json(const c10::IValue& v, const std::string& where) {
 // bounds them.
 Json spec_json(const TreeSpec& s, const std::string& where) {
   using K = TreeSpec::Kind;
+  Json out{{"kind", format::token_name(format::kSpecKinds, s.kind())}};
   switch (s.kind()) {
     case K::Leaf:
-      return Json{{"kind", "leaf"}};
     case K::None:
-      return Json{{"kind", "none"}};
+      break;
     case K::Constant:
-      return Json{{"kind", "constant"}, {"value", constant_json(s.constant_value(), where)}};
+      out["value"] = constant_json(s.constant_value(), where);
+      break;
     case K::Tuple:
     case K::List:
     case K::Dict: {
+      if (s.kind() == K::Dict) {
+        Json keys = Json::array();
+        for (const c10::IValue& k : s.keys()) keys.push_back(constant_json(k, where));
+        out["keys"] = std::move(keys);
+      }
       Json children = Json::array();
       for (const TreeSpec& c : s.children()) children.push_back(spec_json(c, where));
-      if (s.kind() != K::Dict) {
-        return Json{{"kind", s.kind() == K::Tuple ? "tuple" : "list"}, {"children", children}};
-      }
-      Json keys = Json::array();
-      for (const c10::IValue& k : s.keys()) keys.push_back(constant_json(k, where));
-      return Json{{"kind", "dict"}, {"keys", std::move(keys)}, {"children", std::move(children)}};
+      out["children"] = std::move(children);
+      break;
     }
   }
-  fail(where + ": unknown spec kind");
+  return out;
 }
 
 // Elements, in units of the element size, between a tensor's first and last
@@ -198,7 +184,7 @@ struct StoredTensor {
 at::Tensor stored_form(const at::Tensor& t, const std::string& where) {
   if (t.layout() != c10::kStrided) {
     fail(where + ": only strided tensors can be stored, this one is " +
-         std::string(format::layout_name(t.layout()) ? format::layout_name(t.layout()) : "?"));
+         std::string(c10::toString(t.layout())));
   }
   if (!t.device().is_cpu()) {
     fail(where + ": the tensor is on " + t.device().str() + "; move the module to the CPU first");
@@ -238,7 +224,7 @@ class Writer {
     for (const Attribute& a : gm_.attributes()) {
       const std::string where = "attribute '" + a.name + "'";
       Json entry{{"name", checked_utf8(a.name, where)},
-                 {"kind", attribute_kind_name(a.kind)},
+                 {"kind", format::token_name(format::kAttributeKinds, a.kind)},
                  {"tensor", nullptr}};
       if (a.value.defined()) entry["tensor"] = tensor_index(a, where);
       attributes.push_back(std::move(entry));
@@ -252,7 +238,7 @@ class Writer {
     if (gm_.has_mutation_outputs()) {
       Json outputs = Json::array();
       for (const OutputSpec& o : gm_.output_specs) {
-        outputs.push_back(Json{{"kind", format::output_kind_token(o.kind)},
+        outputs.push_back(Json{{"kind", format::token_name(format::kOutputKinds, o.kind)},
                                {"target", checked_utf8(o.target, "the signature")}});
       }
       doc["signature"] = Json{{"outputs", std::move(outputs)}};
@@ -309,7 +295,7 @@ class Writer {
       Json args = Json::array();
       for (const Argument& a : n->args()) args.push_back(argument_json(a, where));
       Json entry{{"name", checked_utf8(n->name(), where)},
-                 {"op", opcode_name(n->op())},
+                 {"op", format::token_name(format::kOpcodes, n->op())},
                  {"target", checked_utf8(n->target(), where)},
                  {"args", std::move(args)}};
       if (!n->kwargs().empty()) {

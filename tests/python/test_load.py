@@ -494,3 +494,29 @@ def test_version_11_files_still_load(files, tmp_path):
     offset = in_json(bad, b'{"name":"add"')
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code'")
+
+
+def test_format_tables_are_generated_from_the_cpp_ones():
+    # Note [Wire tokens]: the loader's tables are printed by the C++ tool.
+    tool = os.environ["TORCHCAP_FORMAT_TABLES"]
+    printed = subprocess.run([tool], check=True, capture_output=True, text=True).stdout
+    in_tree = (pathlib.Path(__file__).resolve().parents[2] / "python" / "torchcap" /
+               "_format_tables.py").read_text()
+    assert printed == in_tree, (
+        "python/torchcap/_format_tables.py differs from the C++ tables; regenerate it with "
+        "build/tests/format_tables > python/torchcap/_format_tables.py")
+
+    # Node names: the C++ graph's reserved names live in the graph layer; both
+    # loaders must refuse the same ones among every keyword and builtin.
+    import builtins
+    import keyword
+
+    from torchcap import _load
+    candidates = sorted(set(keyword.kwlist) | set(dir(builtins)) | _load._RESERVED_NODE_NAMES
+                        | {"x", "add_1", "_tensor_constant0", "output", "getitem"})
+    out = subprocess.run([tool, "--valid-names", *candidates], check=True, capture_output=True,
+                         text=True).stdout.split()
+    cpp = {name: ok == "1" for name, ok in zip(out[::2], out[1::2])}
+    python = {name: bool(_load._NODE_NAME.fullmatch(name))
+              and name not in _load._RESERVED_NODE_NAMES for name in candidates}
+    assert cpp == python, {n for n in candidates if cpp[n] != python[n]}
