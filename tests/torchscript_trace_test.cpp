@@ -1,6 +1,8 @@
 // Tracing TorchScript modules (torch::jit::load): the module's own operators
 // are recorded, its parameters keep their qualified names.
+#include <torchcap/export.h>
 #include <torchcap/interpreter.h>
+#include <torchcap/printer.h>
 #include <torchcap/tracer.h>
 
 #include <gtest/gtest.h>
@@ -8,6 +10,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 
 namespace torchcap {
 namespace {
@@ -108,6 +111,114 @@ TEST(TorchScript, ErrorsInsideScriptedCodePropagate) {
   }
   GraphModule ok = trace(m, {torch::ones({1, 2})});  // the next trace works
   ok.lint();
+}
+
+// Scripted models written by tests/python/make_torchscript_fixtures.py (the
+// torchscript_fixtures test) from Python source in fixture_models.py.
+std::filesystem::path fixture(const std::string& name) {
+  return std::filesystem::path(TORCHCAP_TS_FIXTURES) / name;
+}
+
+torch::jit::Module load_fixture(const std::string& name) {
+  auto path = fixture(name + ".pt");
+  if (!std::filesystem::exists(path)) {
+    throw std::runtime_error(path.string() + " is missing: run the tests through ctest, whose "
+                                              "torchscript_fixtures test writes it");
+  }
+  torch::jit::Module m = torch::jit::load(path.string());
+  m.eval();
+  return m;
+}
+
+// The 1-based number of the line of fixture_models.py holding `text`.
+int fixture_line(const std::string& text) {
+  std::ifstream in(fixture("fixture_models.py"));
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find(text) != std::string::npos) return n;
+  }
+  return -1;
+}
+
+const Node* first_call(const GraphModule& gm, const std::string& target, int skip = 0) {
+  for (const Node* n : gm.graph()) {
+    if (n->target() == target && skip-- == 0) return n;
+  }
+  return nullptr;
+}
+
+TEST(TorchScriptSource, NodesCarryTheModelsPythonFramesAndModules) {
+  torch::jit::Module m = load_fixture("located");
+  GraphModule gm = trace(m, {torch::randn({1, 3, 5, 5})});
+  const Node* relu = first_call(gm, "aten::relu", /*skip=*/1);  // the second block's
+  ASSERT_NE(relu, nullptr);
+
+  const std::vector<SourceFrame>& frames = relu->meta().stack_trace.frames();
+  ASSERT_GE(frames.size(), 3u) << relu->meta().stack_trace.str();
+  const SourceFrame& inner = frames.front();  // innermost first, as for C++ frames
+  EXPECT_EQ(std::filesystem::path(inner.file).filename(), "fixture_models.py");
+  EXPECT_EQ(inner.line, fixture_line("# the block's activation"));
+  EXPECT_EQ(inner.function, "forward");
+  EXPECT_EQ(inner.code, "return torch.relu(self.conv(x))  # the block's activation");
+  const SourceFrame& outer = frames.back();
+  EXPECT_EQ(outer.line, fixture_line("return self.features(self.stem(x)).sum(dim=1)"));
+
+  std::vector<ModuleFrame> expected = {{"", "fixture_models.Located"},
+                                       {"features", "torch.nn.modules.container.Sequential"},
+                                       {"features.1", "fixture_models.Block"}};
+  EXPECT_EQ(relu->meta().module_stack.frames(), expected);
+
+  const Node* conv = first_call(gm, "aten::convolution", /*skip=*/2);
+  ASSERT_NE(conv, nullptr);
+  ASSERT_FALSE(conv->meta().module_stack.empty());
+  EXPECT_EQ(conv->meta().module_stack.frames().back(),
+            (ModuleFrame{"features.1.conv", "torch.nn.modules.conv.Conv2d"}));
+  EXPECT_EQ(conv->meta().stack_trace.frames().front().file.find("conv.py") != std::string::npos, true)
+      << conv->meta().stack_trace.str();
+
+  // The listing shows where each operator came from.
+  PrintOptions with_source;
+  with_source.source = true;
+  std::string listing = format_graph(gm.graph(), with_source);
+  EXPECT_NE(listing.find("    # features.1 (Block), File: "), std::string::npos) << listing;
+  EXPECT_NE(listing.find("code: return torch.relu(self.conv(x))"), std::string::npos) << listing;
+  // Nothing points into the C++ program that traced it.
+  EXPECT_EQ(listing.find(".cpp"), std::string::npos) << listing;
+}
+
+TEST(TorchScriptSource, OneLocationIsSharedByTheNodesOfOneModuleCall) {
+  torch::jit::Module m = load_fixture("located");
+  GraphModule gm = trace(m, {torch::randn({1, 3, 5, 5})});
+  const Node* first = first_call(gm, "aten::relu", 0);
+  const Node* second = first_call(gm, "aten::relu", 1);
+  ASSERT_TRUE(first && second);
+  // The same line, two module instances: the stacks differ by path only.
+  EXPECT_EQ(first->meta().stack_trace.frames(), second->meta().stack_trace.frames());
+  EXPECT_EQ(first->meta().module_stack.frames().back().path, "features.0");
+  EXPECT_EQ(second->meta().module_stack.frames().back().path, "features.1");
+}
+
+TEST(TorchScriptSource, ExportKeepsTheLocations) {
+  torch::jit::Module m = load_fixture("located");
+  GraphModule gm = export_program(m, {torch::randn({1, 3, 5, 5})});
+  const Node* relu = first_call(gm, "aten::relu", 1);
+  ASSERT_NE(relu, nullptr);
+  EXPECT_EQ(relu->meta().module_stack.frames().back().path, "features.1");
+  ASSERT_FALSE(relu->meta().stack_trace.frames().empty());
+  EXPECT_EQ(relu->meta().stack_trace.frames().front().line, fixture_line("# the block's activation"));
+}
+
+TEST(TorchScriptSource, AnExplicitLocatorWins) {
+  torch::jit::Module m = load_fixture("located");
+  TraceOptions options;
+  int calls = 0;
+  options.locate_source = [&calls](NodeMeta& meta) {
+    ++calls;
+    meta.module_stack = ModuleStack(std::vector<ModuleFrame>{{"mine", "Mine"}});
+  };
+  GraphModule gm = trace(m, {torch::randn({1, 3, 5, 5})}, options);
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(first_call(gm, "aten::relu")->meta().module_stack.frames().back().path, "mine");
 }
 
 }  // namespace

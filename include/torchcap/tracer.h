@@ -56,7 +56,8 @@ struct TraceOptions {
   // called on the tracing thread for every node recorded, in place of
   // capturing the C++ stack, to fill the node's `stack_trace` (the program's
   // own frames) and `module_stack`. Not called when record_stack_traces is
-  // off. trace(torch::jit::Module&, ...) sets its own.
+  // off. trace(torch::jit::Module&, ...) sets one of its own (the model's Python
+  // frames and submodules) unless one is given.
   std::function<void(NodeMeta&)> locate_source;
   // Run the program under c10::InferenceMode (see the note above).
   bool inference_mode = false;

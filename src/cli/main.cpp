@@ -272,7 +272,7 @@ int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std
     }
   }
   if (graph) {
-    std::cout << gm.str();
+    std::cout << gm.str(/*with_source=*/true);
   } else if (code) {
     std::cout << python_code(gm);
   } else if (dot) {
