@@ -1333,5 +1333,17 @@ TEST(LoadRejects, ModuleFrameWithoutAType) {
                                ": module_stacks[0]: [1]: missing 'type'");
 }
 
+// Note [Reading the nodes one at a time]: a key the scan cannot recognise
+// (escapes spell "nodes") makes the reader parse the document whole instead.
+TEST(Load, NodesUnderAnEscapedKeyStillLoad) {
+  GraphModule gm = testing::small_module();
+  TcgFile f = TcgFile::parse(save_to_string(gm));
+  size_t at = f.json.find("\"nodes\":");
+  ASSERT_NE(at, std::string::npos);
+  f.json.replace(at, 8, "\"nod\\u0065s\":");
+  std::string b = f.bytes();
+  expect_same_module(gm, load_from_buffer(b.data(), b.size(), "f.tcg"));
+}
+
 }  // namespace
 }  // namespace torchcap

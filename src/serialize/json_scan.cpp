@@ -32,6 +32,7 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
   // The top-level array being indexed, and whether its next element starts at
   // the next token.
   std::vector<uint64_t>* array = nullptr;
+  std::vector<uint64_t>* ends = nullptr;
   bool want_element = false;
   bool in_number = false;
   uint64_t number_start = 0;
@@ -82,6 +83,8 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
       if (c == '[') {
         array = &out.elements[key];
         array->clear();  // a repeated key: the parser keeps the last one
+        ends = &out.element_ends[key];
+        ends->clear();
         want_element = true;
       }
     }
@@ -109,12 +112,18 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
         break;
       case '}':
       case ']':
-        if (array != nullptr && depth == 2) array = nullptr;
+        if (array != nullptr && depth == 2) {
+          if (ends->size() < array->size()) ends->push_back(i);
+          array = nullptr;
+        }
         --depth;
         break;
       case ',':
         if (depth == 1) expect_key = true;
-        if (array != nullptr && depth == 2) want_element = true;
+        if (array != nullptr && depth == 2) {
+          if (ends->size() < array->size()) ends->push_back(i);
+          want_element = true;
+        }
         break;
       case ':':
         if (depth == 1) want_value = true;

@@ -33,8 +33,10 @@ struct JsonScan {
   std::string big_integer_text;
   // Offset of each top-level key's value, by key (escapes in keys are kept raw).
   std::map<std::string, uint64_t> values;
-  // For top-level keys whose value is an array: the offset of each element.
+  // For top-level keys whose value is an array: the offset of each element,
+  // and where each ends (the offset of the comma or bracket after it).
   std::map<std::string, std::vector<uint64_t>> elements;
+  std::map<std::string, std::vector<uint64_t>> element_ends;
 };
 
 JsonScan scan_json(const char* text, uint64_t size, int max_depth);

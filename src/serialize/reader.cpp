@@ -336,7 +336,7 @@ class Reader {
               "the JSON nests deeper than " + std::to_string(format::kMaxJsonDepth) + " levels");
     }
     try {
-      doc_ = Json::parse(text, text + h_.json_size);
+      doc_ = parse_without_nodes(text);
     } catch (const Json::exception& e) {
       // Syntax errors know their byte; a number too large for a double
       // (out_of_range) does not, and is reported at the section's start.
@@ -354,6 +354,43 @@ class Reader {
       fail_at(h_.json_offset, "the JSON section must hold an object, not " +
                                   std::string(json_type(doc_)));
     }
+  }
+
+  // Note [Reading the nodes one at a time]: the nodes are most of a big
+  // graph's JSON, and a parsed JSON tree takes several times its text. The
+  // document is parsed (and so checked) whole, but without the elements of
+  // "nodes", which read_nodes then parses one at a time from the offsets the
+  // scan found. Should the scan and the parser disagree on those elements
+  // (a key spelled with escapes, "nod\u0065s"), the document is parsed again
+  // whole and the nodes read from it.
+  Json parse_without_nodes(const char* text) {
+    bool in_nodes = false;
+    size_t dropped = 0;
+    Json doc = Json::parse(
+        text, text + h_.json_size, [&](int depth, Json::parse_event_t event, Json& parsed) {
+          using E = Json::parse_event_t;
+          if (depth == 1 && event == E::key) in_nodes = parsed == "nodes";
+          if (in_nodes && depth == 2 &&
+              (event == E::object_start || event == E::array_start || event == E::value)) {
+            ++dropped;
+            return false;
+          }
+          return true;
+        });
+    auto starts = scan_.elements.find("nodes");
+    auto ends = scan_.element_ends.find("nodes");
+    const bool found = starts != scan_.elements.end() && ends != scan_.element_ends.end() &&
+                       starts->second.size() == dropped && ends->second.size() == dropped;
+    if (dropped > 0 && !found) return Json::parse(text, text + h_.json_size);
+    nodes_apart_ = dropped > 0;
+    return doc;
+  }
+
+  // Node `i`, parsed from its text alone (Note [Reading the nodes one at a time]).
+  Json node_json(size_t i) const {
+    const char* text = reinterpret_cast<const char*>(bytes_->data() + h_.json_offset);
+    return Json::parse(text + scan_.elements.at("nodes")[i],
+                       text + scan_.element_ends.at("nodes")[i]);
   }
 
   Where top_where(const char* key) const {
@@ -813,9 +850,12 @@ class Reader {
   void read_nodes(Graph& g) {
     const Json& nodes = top_member("nodes");
     array(nodes, top_where("nodes"), Path{});
-    for (size_t i = 0; i < nodes.size(); ++i) {
+    const size_t count = nodes_apart_ ? scan_.elements.at("nodes").size() : nodes.size();
+    for (size_t i = 0; i < count; ++i) {
       Where w{element_offset("nodes", i), "nodes[" + std::to_string(i) + "]"};
-      const Json& j = object(nodes[i], w, Path{});
+      Json apart;
+      if (nodes_apart_) apart = node_json(i);
+      const Json& j = object(nodes_apart_ ? apart : nodes[i], w, Path{});
       check_keys(j, format::keys::kNode, w, Path{});
       Path root;
       const std::string& name = string(member(j, "name", w, root), w, root.at("name"));
@@ -1020,6 +1060,7 @@ class Reader {
   std::vector<std::string> tensor_names_;
   std::vector<PendingAttribute> attributes_;
   std::vector<ModuleStack> module_stacks_;
+  bool nodes_apart_ = false;  // Note [Reading the nodes one at a time]
 };
 
 std::string errno_message() { return std::strerror(errno); }
