@@ -1,4 +1,5 @@
 // plan_memory, verify_memory_plan and the memory views of `torchcap show`.
+#include <torchcap/interpreter.h>
 #include <torchcap/memory_plan.h>
 #include <torchcap/tracer.h>
 
@@ -7,11 +8,15 @@
 #include "sample_graphs.h"
 #include "zoo.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/script.h>
+#include <torch/torch.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 namespace torchcap {
 namespace {
@@ -126,6 +131,28 @@ TEST(MemoryPlan, TupleElementsAreBuffersOfTheirOwn) {
   verify_memory_plan(plan);
 }
 
+TEST(MemoryPlan, ElementsOfATensorListOfViewsShareTheirBase) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* base = g.call_function("aten::neg", {x}, {}, "base");
+  Node* parts = g.call_function("aten::unbind.int", {base}, {}, "parts");
+  Node* first = g.getitem(parts, 0, "first");
+  Node* second = g.getitem(parts, 1, "second");
+  Node* a = g.call_function("aten::neg", {first}, {}, "a");
+  Node* b = g.call_function("aten::mul.Tensor", {a, second}, {}, "b");
+  g.output({b});
+  x->meta().val = base->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 8}));
+  parts->meta().val = ValueMeta{ValueKind::List, {meta(c10::kFloat, {8}), meta(c10::kFloat, {8})}};
+  for (Node* n : {first, second, a, b}) n->meta().val = ValueMeta::tensor(meta(c10::kFloat, {8}));
+  MemoryPlan plan = plan_memory(g);
+  ASSERT_EQ(plan.values.size(), 2u);  // base and a: unbind makes no buffer
+  const PlannedValue* v = plan.find("base");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->last, 6);  // `second` is read by mul
+  EXPECT_EQ(v->aliases, (std::vector<std::string>{"parts", "parts", "first", "second"}));
+}
+
 TEST(MemoryPlan, OutVariantsMatchBySchema) {
   auto handle = [](const char* name, const char* overload) {
     return *c10::Dispatcher::singleton().findSchema({name, overload});
@@ -173,6 +200,8 @@ TEST(MemoryPlan, VerifierRejectsOverlapsNamingBothValues) {
   small.arena_bytes = 256;
   EXPECT_THROW(verify_memory_plan(small), MemoryPlanError);
 }
+
+void expect_bitwise_equal(const c10::IValue& a, const c10::IValue& b, const std::string& what);
 
 void expect_sound(const MemoryPlan& plan, const std::string& what) {
   SCOPED_TRACE(what);
@@ -230,6 +259,13 @@ TEST_P(TorchvisionMemoryPlan, PlanIsSound) {
   MemoryPlan plan = plan_memory(gm.graph());
   expect_sound(plan, GetParam());
   EXPECT_FALSE(plan.values.empty());
+  at::NoGradGuard no_grad;
+  Interpreter plain(gm);
+  Interpreter planned(gm, InterpreterOptions{true});
+  for (int run = 0; run < 2; ++run) {
+    std::vector<c10::IValue> inputs{torch::randn({1, 3, 224, 224})};
+    expect_bitwise_equal(plain.run(inputs), planned.run(inputs), GetParam());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TorchvisionMemoryPlan, ::testing::Values("resnet18", "mobilenet_v2"));
@@ -244,6 +280,165 @@ TEST(MemoryView, TextJsonAndSvg) {
   EXPECT_EQ(j["peak_node"], "mul");
   EXPECT_EQ(j["live_at_peak"].size(), 2u);
   EXPECT_EQ(j["values"].size(), 3u);
+}
+
+// --- Planned runs ---------------------------------------------------------------
+
+std::vector<at::Tensor> flat(const c10::IValue& v) {
+  std::vector<at::Tensor> out;
+  std::vector<c10::IValue> work{v};
+  while (!work.empty()) {
+    c10::IValue x = work.back();
+    work.pop_back();
+    if (x.isTensor()) {
+      out.push_back(x.toTensor());
+    } else if (x.isTuple()) {
+      for (const c10::IValue& e : x.toTupleRef().elements()) work.push_back(e);
+    } else if (x.isList()) {
+      for (const c10::IValue& e : x.toListRef()) work.push_back(e);
+    } else if (x.isGenericDict()) {
+      for (const auto& e : x.toGenericDict()) work.push_back(e.value());
+    }
+  }
+  return out;
+}
+
+// Same dtype, shape and bytes.
+void expect_bitwise_equal(const c10::IValue& a, const c10::IValue& b, const std::string& what) {
+  std::vector<at::Tensor> x = flat(a), y = flat(b);
+  ASSERT_EQ(x.size(), y.size()) << what;
+  for (size_t i = 0; i < x.size(); ++i) {
+    at::Tensor p = x[i].contiguous(), q = y[i].contiguous();
+    ASSERT_EQ(p.scalar_type(), q.scalar_type()) << what << " output " << i;
+    ASSERT_EQ(p.sizes(), q.sizes()) << what << " output " << i;
+    EXPECT_EQ(std::memcmp(p.data_ptr(), q.data_ptr(), p.nbytes()), 0) << what << " output " << i;
+  }
+}
+
+TEST(PlannedInterpreter, RunsEqualUnplannedRunsBitForBitOnTheZoo) {
+  at::NoGradGuard no_grad;
+  for (const std::string& name : examples::names()) {
+    examples::Example e = examples::make(name);
+    GraphModule gm = examples::trace(e);
+    Interpreter plain(gm);
+    Interpreter planned(gm, InterpreterOptions{true});
+    ASSERT_NE(planned.memory_plan(), nullptr);
+    EXPECT_EQ(plain.memory_plan(), nullptr);
+    for (uint64_t seed : {1, 2}) {  // the second run reuses the arena
+      std::vector<c10::IValue> inputs = e.make_inputs(seed);
+      expect_bitwise_equal(plain.run(inputs), planned.run(inputs), name + " seed " + std::to_string(seed));
+    }
+  }
+}
+
+// Counts what goes through LibTorch's CPU allocator while installed.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  CountingAllocator() : inner_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, kPriority); }
+  ~CountingAllocator() override { c10::SetCPUAllocator(inner_, kPriority); }
+  c10::DataPtr allocate(size_t n) const override {
+    ++count_;
+    return inner_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
+  size_t count() const { return count_; }
+
+ private:
+  static constexpr uint8_t kPriority = 200;
+  c10::Allocator* inner_;
+  mutable std::atomic<size_t> count_{0};
+};
+
+// Every operator has an out variant with a CPU kernel of its own.
+GraphModule all_out_variants() {
+  at::Tensor w = torch::randn({16, 32}), b = torch::randn({32}), c = torch::randn({64});
+  return trace(
+      [w, b, c](std::vector<c10::IValue> in) -> c10::IValue {
+        at::Tensor x = in[0].toTensor();
+        at::Tensor h = torch::tanh(torch::addmm(b, x, w));
+        h = torch::cat({h * h, torch::sigmoid(h)}, 1);
+        return torch::sum(torch::mm(h.t(), h) + c, {1});
+      },
+      {torch::randn({4, 16})});
+}
+
+TEST(PlannedInterpreter, PlannedRunAllocatesNothingForIntermediates) {
+  at::NoGradGuard no_grad;
+  GraphModule gm = all_out_variants();
+  Interpreter plain(gm);
+  Interpreter planned(gm, InterpreterOptions{true});
+  for (const OperatorPlan& op : planned.planned_operators()) {
+    EXPECT_EQ(op.fallback, "") << op.node << " = " << op.target;
+  }
+  std::vector<c10::IValue> inputs{torch::randn({4, 16})};
+  planned.run(inputs);  // makes this thread's arena
+  size_t plain_count, planned_count;
+  {
+    CountingAllocator counting;
+    plain.run(inputs);
+    plain_count = counting.count();
+  }
+  {
+    CountingAllocator counting;
+    planned.run(inputs);
+    planned_count = counting.count();
+  }
+  EXPECT_EQ(planned_count, 1u) << "only the output is allocated";
+  EXPECT_GE(plain_count, planned.memory_plan()->values.size() + 1);
+  expect_bitwise_equal(plain.run(inputs), planned.run(inputs), "all_out_variants");
+}
+
+TEST(PlannedInterpreter, ThreadsEachGetTheirOwnArena) {
+  at::NoGradGuard no_grad;
+  examples::Example e = examples::make("mlp");
+  GraphModule gm = examples::trace(e);
+  Interpreter plain(gm);
+  Interpreter planned(gm, InterpreterOptions{true});
+  std::vector<std::vector<c10::IValue>> inputs;
+  std::vector<c10::IValue> expected;
+  for (uint64_t t = 0; t < 4; ++t) {
+    inputs.push_back(e.make_inputs(10 + t));
+    expected.push_back(plain.run(inputs.back()));
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      at::NoGradGuard no_grad_here;
+      for (int i = 0; i < 200; ++i) {
+        c10::IValue out = planned.run(inputs[t]);
+        if (!out.toTensor().equal(expected[t].toTensor())) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST(PlannedInterpreter, DataDependentSizesFallBackAndSayWhy) {
+  at::NoGradGuard no_grad;
+  GraphModule gm = trace(
+      [](std::vector<c10::IValue> in) -> c10::IValue {
+        at::Tensor idx = torch::nonzero(in[0].toTensor());
+        return torch::sum(idx * idx);
+      },
+      {torch::tensor({1.f, 0.f, 2.f, 0.f, 3.f, 0.f})});
+  Interpreter plain(gm);
+  Interpreter planned(gm, InterpreterOptions{true});
+  // More, then fewer non-zeros than when traced: the out variant can neither
+  // grow the slice nor leave a shrunk result where the plan put it.
+  for (at::Tensor x : {torch::tensor({1.f, 1.f, 2.f, 1.f, 3.f, 0.f}), torch::tensor({0.f, 0.f, 2.f, 0.f, 0.f, 0.f}),
+                       torch::tensor({1.f, 0.f, 2.f, 0.f, 3.f, 0.f})}) {
+    expect_bitwise_equal(plain.run({x}), planned.run({x}), "nonzero");
+  }
+  bool noted = false;
+  for (const OperatorPlan& op : planned.planned_operators()) {
+    if (op.target == "aten::nonzero") {
+      noted = op.fallback.find("out variant") != std::string::npos;
+      EXPECT_TRUE(noted) << op.fallback;
+    }
+  }
+  EXPECT_TRUE(noted);
 }
 
 }  // namespace

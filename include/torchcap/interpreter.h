@@ -16,6 +16,7 @@
 #pragma once
 
 #include <torchcap/graph_module.h>
+#include <torchcap/memory_plan.h>
 
 #include <ATen/core/ivalue.h>
 
@@ -34,11 +35,19 @@ struct RunStats {
   size_t peak_live_values = 0;  // most intermediate values held at once
 };
 
+struct InterpreterOptions {
+  // Plan the intermediate tensors' memory (memory_plan.h) and run operators
+  // that can through their out variants into one arena per running thread,
+  // made on the thread's first run and reused by later runs: a run then
+  // allocates nothing for those results. Outputs stay fresh tensors.
+  bool plan_memory = false;
+};
+
 class Interpreter {
  public:
   // Builds the plan. Throws Error naming the node if the graph cannot run
   // (lint failures, missing attributes).
-  explicit Interpreter(const GraphModule& gm);
+  explicit Interpreter(const GraphModule& gm, const InterpreterOptions& options = {});
   ~Interpreter();
   Interpreter(Interpreter&&) noexcept;
   Interpreter& operator=(Interpreter&&) noexcept;
@@ -67,6 +76,14 @@ class Interpreter {
 
   size_t num_inputs() const;
   size_t num_outputs() const;
+
+  // The memory plan of a planned interpreter, or nullptr.
+  const MemoryPlan* memory_plan() const;
+  // For a planned interpreter: the operators that make planned values, with
+  // the out variant each runs through, or why it allocates instead
+  // (`fallback`), including out variants given up while running because
+  // they did not leave their result in the arena.
+  std::vector<OperatorPlan> planned_operators() const;
 
  private:
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs, RunStats& stats) const;

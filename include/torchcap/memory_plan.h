@@ -23,6 +23,7 @@
 #include <torchcap/meta.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -109,6 +109,37 @@ int64_t span_bytes(const TensorMeta& m) {
   return extent * static_cast<int64_t>(c10::elementSize(m.dtype));
 }
 
+// Note [Views without alias annotations]
+// A few operators return views of `self` although their schemas say
+// nothing: the `unsafe` ones, which skip autograd's view tracking. Their
+// results share `self`'s buffer like any view's.
+bool is_unannotated_view(const c10::FunctionSchema& s) {
+  static const char* const kNames[] = {"aten::_unsafe_view", "aten::unsafe_split", "aten::unsafe_chunk",
+                                       "aten::unsafe_split_with_sizes"};
+  for (const char* name : kNames) {
+    if (s.name() == name) return true;
+  }
+  return false;
+}
+
+// The alias sets an argument or return is in, its elements' included: a
+// Tensor[] result of views (`split -> Tensor(a)[]`) carries its set on the
+// element type.
+std::unordered_set<c10::Symbol> alias_sets(const c10::Argument& a) {
+  std::unordered_set<c10::Symbol> sets;
+  std::vector<const c10::AliasInfo*> work;
+  if (a.alias_info() != nullptr) work.push_back(a.alias_info());
+  while (!work.empty()) {
+    const c10::AliasInfo* info = work.back();
+    work.pop_back();
+    for (const c10::Symbol& s : info->beforeSets()) {
+      if (s != c10::AliasInfo::wildcardSet()) sets.insert(s);
+    }
+    for (const c10::AliasInfo& contained : info->containedTypes()) work.push_back(&contained);
+  }
+  return sets;
+}
+
 struct Buffer {
   const Node* node = nullptr;
   int32_t output = 0;
@@ -172,11 +203,20 @@ class BufferAnalysis {
                         ? (val.kind == ValueKind::List ? static_cast<int32_t>(val.tensors.size()) : 0)
                         : static_cast<int32_t>(returns.size());
     std::vector<const Argument*> given;
+    bool unannotated_view = is_unannotated_view(schema);
     for (int32_t i = 0; i < count; ++i) {
       const c10::Argument& r = returns[produces == detail::Produces::TensorList ? 0 : i];
-      if (r.alias_info() != nullptr && !r.alias_info()->beforeSets().empty()) {
+      if (unannotated_view) {
+        const Argument& self = n.args().at(0);
+        int32_t root = self.is_node() ? root_of(self.to_node(), 0) : kNoTensor;
+        root_[{&n, i}] = root;
+        if (root >= 0) buffers_[root].aliases.push_back(n.name());
+        continue;
+      }
+      std::unordered_set<c10::Symbol> sets = alias_sets(r);
+      if (!sets.empty()) {
         if (given.empty()) given = detail::given_arguments(n);
-        int32_t root = aliased_root(schema, given, *r.alias_info());
+        int32_t root = aliased_root(schema, given, sets);
         root_[{&n, i}] = root;
         if (root >= 0) buffers_[root].aliases.push_back(n.name());
         continue;
@@ -201,13 +241,12 @@ class BufferAnalysis {
 
   // The buffer the argument sharing `alias`'s set belongs to.
   int32_t aliased_root(const c10::FunctionSchema& schema, const std::vector<const Argument*>& given,
-                       const c10::AliasInfo& alias) {
+                       const std::unordered_set<c10::Symbol>& sets) {
     const auto& params = schema.arguments();
     for (size_t p = 0; p < params.size(); ++p) {
-      const c10::AliasInfo* a = params[p].alias_info();
-      if (a == nullptr || given[p] == nullptr) continue;
+      if (given[p] == nullptr) continue;
       bool shares = false;
-      for (const c10::Symbol& s : alias.beforeSets()) shares = shares || a->beforeSets().count(s) > 0;
+      for (const c10::Symbol& s : alias_sets(params[p])) shares = shares || sets.count(s) > 0;
       if (!shares) continue;
       int32_t root = kExternal;
       bool found = false;

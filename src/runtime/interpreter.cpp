@@ -5,6 +5,7 @@
 #include <torchcap/printer.h>
 
 #include "graph/schema_check.h"
+#include "runtime/planned_memory.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
@@ -44,6 +45,7 @@ struct Instruction {
   bool explode = false;
   std::vector<int32_t> frees;  // values released after this instruction
   int32_t node_info = -1;
+  int32_t planned = -1;  // a PlannedMemory call, Note [Planned runs]
 };
 
 // What an error needs to say about a node.
@@ -120,6 +122,7 @@ struct detail::InterpreterPlan {
   size_t max_args = 0;
   TreeSpec in_spec;
   TreeSpec out_spec;
+  std::unique_ptr<detail::PlannedMemory> memory;  // planned interpreters only
 };
 
 namespace {
@@ -135,11 +138,15 @@ struct PlanValue {
 // Builds the plan by evaluating the graph symbolically: values are slots.
 class PlanBuilder : public GraphEvaluator<PlanValue> {
  public:
-  explicit PlanBuilder(const GraphModule& gm)
-      : GraphEvaluator(gm.graph()), gm_(gm), plan_(std::make_unique<detail::InterpreterPlan>()) {}
+  PlanBuilder(const GraphModule& gm, const InterpreterOptions& options)
+      : GraphEvaluator(gm.graph()), gm_(gm), options_(options),
+        plan_(std::make_unique<detail::InterpreterPlan>()) {}
 
   std::unique_ptr<detail::InterpreterPlan> build() {
     gm_.lint();
+    if (options_.plan_memory) {
+      plan_->memory = std::make_unique<detail::PlannedMemory>(plan_memory(gm_.graph()));
+    }
     plan_->in_spec = gm_.in_spec;
     plan_->out_spec = gm_.out_spec;
     for (const PlanValue& v : run()) plan_->outputs.push_back(slot_of(v, nullptr));
@@ -223,6 +230,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       case detail::Produces::Nothing:
         break;
     }
+    if (plan_->memory) ins.planned = plan_->memory->add_call(n);
     ins.node_info = static_cast<int32_t>(plan_->node_infos.size());
     plan_->node_infos.push_back(NodeInfo{format_node(n), n.meta().stack_trace});
     plan_->instructions.push_back(std::move(ins));
@@ -323,6 +331,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   }
 
   const GraphModule& gm_;
+  InterpreterOptions options_;
   std::unique_ptr<detail::InterpreterPlan> plan_;
   int32_t next_value_ = 0;
 };
@@ -354,13 +363,22 @@ void check_inputs(const detail::InterpreterPlan& plan, const std::vector<at::Ten
 
 }  // namespace
 
-Interpreter::Interpreter(const GraphModule& gm) : plan_(PlanBuilder(gm).build()) {}
+Interpreter::Interpreter(const GraphModule& gm, const InterpreterOptions& options)
+    : plan_(PlanBuilder(gm, options).build()) {}
 Interpreter::~Interpreter() = default;
 Interpreter::Interpreter(Interpreter&&) noexcept = default;
 Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
 
 size_t Interpreter::num_inputs() const { return plan_->inputs.size(); }
 size_t Interpreter::num_outputs() const { return plan_->num_user_outputs; }
+
+const MemoryPlan* Interpreter::memory_plan() const {
+  return plan_->memory ? &plan_->memory->plan() : nullptr;
+}
+
+std::vector<OperatorPlan> Interpreter::planned_operators() const {
+  return plan_->memory ? plan_->memory->operators() : std::vector<OperatorPlan>{};
+}
 
 namespace {
 
@@ -403,6 +421,10 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
   // NoGradGuard, and are ordinary (not inference) tensors.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
 
+  // Note [Planned runs]: declared before the frame, so the frame's values
+  // (which may hold the arena's slices) are dropped before the arena is.
+  std::optional<detail::PlannedMemory::Lease> arena;
+  if (plan.memory) arena.emplace(*plan.memory);
   FrameLease frame(plan.num_values, plan.max_args + 4);  // Note [Run frames]
   std::vector<c10::IValue>& values = frame.values();
   std::vector<c10::IValue>& stack = frame.stack();
@@ -440,7 +462,15 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
   for (const Instruction& ins : plan.instructions) {
     for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
     try {
-      ins.op.callBoxed(&stack);
+      if (ins.planned >= 0 && plan.memory->uses_out_variant(ins.planned)) {
+        if (!plan.memory->call(ins.planned, arena->arena(), stack)) {
+          stack.clear();
+          for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
+          ins.op.callBoxed(&stack);
+        }
+      } else {
+        ins.op.callBoxed(&stack);
+      }
     } catch (const std::exception& e) {
       const NodeInfo& info = plan.node_infos[ins.node_info];
       std::string trace = info.stack_trace.str();
