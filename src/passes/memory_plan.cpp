@@ -5,6 +5,7 @@
 #include "graph/ivalue_conversion.h"
 #include "graph/schema_check.h"
 #include "passes/memory_plan_offsets.h"
+#include "passes/out_variants.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -91,6 +92,26 @@ std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& o
   }
   return std::nullopt;
 }
+
+namespace detail {
+
+// Note [Equivalent out kernels]
+// LibTorch 1.13's CPU kernel of `relu` is `clamp_min(self, 0)`, but
+// `relu.out` is a generated composite (compute, then copy). Running
+// `clamp_min.out(self, 0, out)` runs the kernel relu runs, into the buffer:
+// the same bits (the planned-run tests compare them), no allocation.
+std::optional<OutForm> out_form(const c10::OperatorHandle& functional) {
+  const c10::FunctionSchema& schema = functional.schema();
+  if (schema.name() == "aten::relu" && schema.overload_name().empty()) {
+    auto clamp_min = c10::Dispatcher::singleton().findOp({"aten::clamp_min", "out"});
+    if (clamp_min) return OutForm{*clamp_min, {c10::IValue(c10::Scalar(0))}};
+  }
+  std::optional<c10::OperatorHandle> out = find_out_variant(functional);
+  if (!out) return std::nullopt;
+  return OutForm{*out, {}};
+}
+
+}  // namespace detail
 
 // --- Buffers and lifetimes ----------------------------------------------------
 
@@ -289,11 +310,12 @@ OperatorPlan operator_plan(const Node& n, bool all_results_planned) {
   OperatorPlan op;
   op.node = n.name();
   op.target = qualified_name(n.schema());
-  std::optional<c10::OperatorHandle> out = find_out_variant(n.op_handle());
-  if (!out) {
+  std::optional<detail::OutForm> form = detail::out_form(n.op_handle());
+  if (!form) {
     op.fallback = "no out variant";
     return op;
   }
+  const c10::OperatorHandle* out = &form->op;
   std::string name = qualified_name(out->schema());
   // Note [Out variants that write in place]
   // An out variant with a CPU kernel of its own computes into the buffer it

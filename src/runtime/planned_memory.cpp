@@ -14,7 +14,7 @@ int32_t PlannedMemory::add_call(const Node& n) {
     const OperatorPlan& op = plan_.operators[i];
     if (op.node != n.name()) continue;
     if (op.out_variant.empty()) return -1;
-    std::optional<c10::OperatorHandle> out = find_out_variant(n.op_handle());
+    std::optional<OutForm> out = out_form(n.op_handle());
     if (!out) return -1;
     std::vector<int32_t> values;
     for (size_t r = 0; r < n.schema().returns().size(); ++r) {
@@ -69,9 +69,10 @@ void PlannedMemory::fall_back(const Call& c, Arena& arena, const std::string& wh
 
 bool PlannedMemory::call(int32_t k, Arena& arena, std::vector<c10::IValue>& stack) const {
   const Call& c = calls_[k];
+  for (const c10::IValue& e : c.out.extra) stack.push_back(e);
   for (int32_t v : c.values) stack.emplace_back(arena.slices[v]);
   try {
-    c.out.callBoxed(&stack);
+    c.out.op.callBoxed(&stack);
   } catch (const std::exception& e) {
     std::string what = e.what();
     fall_back(c, arena, "its out variant failed: " + what.substr(0, what.find('\n')));

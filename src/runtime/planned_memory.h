@@ -4,6 +4,8 @@
 
 #include <torchcap/memory_plan.h>
 
+#include "passes/out_variants.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -72,12 +74,12 @@ class PlannedMemory {
 
  private:
   struct Call {
-    c10::OperatorHandle out;
+    OutForm out;
     std::vector<int32_t> values;  // planned value per result
     size_t op_index;              // in plan_.operators
     mutable std::atomic<bool> fallen_back{false};
     mutable std::string reason;   // written once, under mutex_
-    Call(c10::OperatorHandle o, std::vector<int32_t> v, size_t i) : out(std::move(o)), values(std::move(v)), op_index(i) {}
+    Call(OutForm o, std::vector<int32_t> v, size_t i) : out(std::move(o)), values(std::move(v)), op_index(i) {}
   };
   std::unique_ptr<Arena> make_arena() const;
   at::Tensor make_slice(const Arena& arena, int32_t value) const;
