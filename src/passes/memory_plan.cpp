@@ -212,7 +212,7 @@ class BufferAnalysis {
       const Node* source = n.args()[0].to_node();
       int32_t root = root_of(source, static_cast<int32_t>(n.args()[1].to_int()));
       root_[{&n, 0}] = root;
-      if (root >= 0) buffers_[root].aliases.push_back(n.name());
+      add_alias(root, n);
       return;
     }
     const c10::FunctionSchema& schema = n.schema();
@@ -231,7 +231,7 @@ class BufferAnalysis {
         const Argument& self = n.args().at(0);
         int32_t root = self.is_node() ? root_of(self.to_node(), 0) : kNoTensor;
         root_[{&n, i}] = root;
-        if (root >= 0) buffers_[root].aliases.push_back(n.name());
+        add_alias(root, n);
         continue;
       }
       std::unordered_set<c10::Symbol> sets = alias_sets(r);
@@ -239,7 +239,7 @@ class BufferAnalysis {
         if (given.empty()) given = detail::given_arguments(n);
         int32_t root = aliased_root(schema, given, sets);
         root_[{&n, i}] = root;
-        if (root >= 0) buffers_[root].aliases.push_back(n.name());
+        add_alias(root, n);
         continue;
       }
       Buffer b;
@@ -280,6 +280,13 @@ class BufferAnalysis {
       if (found) return root;
     }
     return kNoTensor;
+  }
+
+  // One entry per node, however many of its results share the buffer.
+  void add_alias(int32_t root, const Node& n) {
+    if (root < 0) return;
+    std::vector<std::string>& aliases = buffers_[root].aliases;
+    if (aliases.empty() || aliases.back() != n.name()) aliases.push_back(n.name());
   }
 
   int32_t root_of(const Node* n, int32_t output) const {

@@ -7,25 +7,26 @@
 namespace torchcap {
 namespace detail {
 
-PlannedMemory::PlannedMemory(MemoryPlan plan) : plan_(std::move(plan)) {}
+PlannedMemory::PlannedMemory(MemoryPlan plan) : plan_(std::move(plan)) {
+  for (size_t i = 0; i < plan_.operators.size(); ++i) operator_index_[plan_.operators[i].node] = i;
+  for (size_t i = 0; i < plan_.values.size(); ++i) {
+    value_index_[plan_.values[i].node + "/" + std::to_string(plan_.values[i].output)] = static_cast<int32_t>(i);
+  }
+}
 
 int32_t PlannedMemory::add_call(const Node& n) {
-  for (size_t i = 0; i < plan_.operators.size(); ++i) {
-    const OperatorPlan& op = plan_.operators[i];
-    if (op.node != n.name()) continue;
-    if (op.out_variant.empty()) return -1;
-    std::optional<OutForm> out = out_form(n.op_handle());
-    if (!out) return -1;
-    std::vector<int32_t> values;
-    for (size_t r = 0; r < n.schema().returns().size(); ++r) {
-      const PlannedValue* v = plan_.find(n.name(), static_cast<int32_t>(r));
-      if (v == nullptr) return -1;
-      values.push_back(static_cast<int32_t>(v - plan_.values.data()));
-    }
-    calls_.emplace_back(*out, std::move(values), i);
-    return static_cast<int32_t>(calls_.size() - 1);
+  auto op = operator_index_.find(n.name());
+  if (op == operator_index_.end() || plan_.operators[op->second].out_variant.empty()) return -1;
+  std::optional<OutForm> out = out_form(n.op_handle());
+  if (!out) return -1;
+  std::vector<int32_t> values;
+  for (size_t r = 0; r < n.schema().returns().size(); ++r) {
+    auto v = value_index_.find(n.name() + "/" + std::to_string(r));
+    if (v == value_index_.end()) return -1;
+    values.push_back(v->second);
   }
-  return -1;
+  calls_.emplace_back(std::move(*out), std::move(values), op->second);
+  return static_cast<int32_t>(calls_.size() - 1);
 }
 
 at::Tensor PlannedMemory::make_slice(const Arena& arena, int32_t value) const {

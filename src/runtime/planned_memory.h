@@ -14,6 +14,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torchcap {
@@ -87,6 +89,10 @@ class PlannedMemory {
 
   MemoryPlan plan_;
   std::deque<Call> calls_;
+  // Built with the plan, for add_call: operators by node name, values by
+  // "node/output".
+  std::unordered_map<std::string, size_t> operator_index_;
+  std::unordered_map<std::string, int32_t> value_index_;
   mutable std::mutex mutex_;  // the pool and fallback reasons
   mutable std::vector<std::unique_ptr<Arena>> pool_;
 };
