@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -105,35 +106,46 @@ long peak_kb_during(const std::function<void()>& f) {
   return status_kb("VmHWM") - before;
 }
 
+double cpu_ms() {
+  timespec t;
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 // In a fresh process: `--measure-chain save PATH` builds the chain and saves
 // it; `--measure-chain load PATH` loads it. Prints the peak memory of that
-// one call in kB and its time in ms.
+// one call in kB, its time in ms, and the CPU time it used in ms (on a
+// machine shared with other work, the time a process waits for a core shows
+// in the first and not in the second).
 int measure_chain(const std::string& what, const std::string& path) {
-  double ms = 0;
+  double ms = 0, cpu = 0;
+  auto timed = [&](const std::function<void()>& f) {
+    auto start = std::chrono::steady_clock::now();
+    const double cpu_start = cpu_ms();
+    f();
+    cpu = cpu_ms() - cpu_start;
+    ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
   long kb;
   if (what == "save") {
     torchcap::GraphModule gm = chain_module(kChainLength);
-    kb = peak_kb_during([&] {
-      auto start = std::chrono::steady_clock::now();
-      torchcap::save(gm, path);
-      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    });
+    kb = peak_kb_during([&] { timed([&] { torchcap::save(gm, path); }); });
   } else {
-    kb = peak_kb_during([&] {
-      auto start = std::chrono::steady_clock::now();
-      torchcap::GraphModule gm = torchcap::load(path);
-      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    });
+    kb = peak_kb_during([&] { timed([&] { torchcap::GraphModule gm = torchcap::load(path); }); });
   }
-  std::printf("%ld %.1f\n", kb, ms);
+  std::printf("%ld %.1f %.1f\n", kb, ms, cpu);
   return 0;
 }
 
-// Runs a command and reads two numbers from its output; {-1, -1} on failure.
-std::pair<double, double> run_for_two(const std::string& cmd) {
-  std::pair<double, double> out{-1, -1};
+// Runs a command and reads three numbers from its output (memory, time,
+// CPU time); -1s on failure.
+struct Figures {
+  double kb = -1, ms = -1, cpu_ms = -1;
+};
+Figures run_for_figures(const std::string& cmd) {
+  Figures out;
   if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    if (std::fscanf(p, "%lf %lf", &out.first, &out.second) != 2) out = {-1, -1};
+    if (std::fscanf(p, "%lf %lf %lf", &out.kb, &out.ms, &out.cpu_ms) != 3) out = {};
     ::pclose(p);
   }
   return out;
@@ -144,30 +156,32 @@ void chain_bench(const std::string& dir) {
   namespace fs = std::filesystem;
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const std::string path = dir + "/chain.tcg";
-  auto median3 = [](std::vector<std::pair<double, double>> v) {
-    std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.second < b.second; });
+  auto median3 = [](std::vector<Figures> v) {
+    std::sort(v.begin(), v.end(), [](const Figures& a, const Figures& b) { return a.ms < b.ms; });
     return v[1];
   };
-  std::vector<std::pair<double, double>> saves, loads, pythons;
-  for (int i = 0; i < 3; ++i) saves.push_back(run_for_two(self + " --measure-chain save '" + path + "'"));
-  for (int i = 0; i < 3; ++i) loads.push_back(run_for_two(self + " --measure-chain load '" + path + "'"));
-  // Python: the time of torchcap.load alone, after importing torch.
+  std::vector<Figures> saves, loads, pythons;
+  for (int i = 0; i < 3; ++i) saves.push_back(run_for_figures(self + " --measure-chain save '" + path + "'"));
+  for (int i = 0; i < 3; ++i) loads.push_back(run_for_figures(self + " --measure-chain load '" + path + "'"));
+  // Python: torchcap.load alone, after importing torch.
   const std::string python =
       "/usr/bin/python3 -c 'import sys, time, resource, torchcap; t = time.perf_counter(); "
-      "gm = torchcap.load(sys.argv[1]); t = time.perf_counter() - t; "
-      "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, t * 1000)' '" + path + "'";
-  for (int i = 0; i < 3; ++i) pythons.push_back(run_for_two(python));
-  auto [save_kb, save_ms] = median3(saves);
-  auto [load_kb, load_ms] = median3(loads);
-  auto [python_kb, python_ms] = median3(pythons);
+      "c = time.process_time(); gm = torchcap.load(sys.argv[1]); "
+      "t, c = time.perf_counter() - t, time.process_time() - c; "
+      "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, t * 1000, c * 1000)' '" + path + "'";
+  for (int i = 0; i < 3; ++i) pythons.push_back(run_for_figures(python));
+  const Figures save = median3(saves), load = median3(loads), py = median3(pythons);
   const double nodes = static_cast<double>(kChainLength);
   std::printf("serialize_chain200k_file_size: %.1f MB\n", fs::file_size(path) / (1024.0 * 1024.0));
-  std::printf("serialize_chain200k_save: %.0f ms\n", save_ms);
-  std::printf("serialize_chain200k_save_peak_memory: %.2f KB/node\n", save_kb / nodes);
-  std::printf("serialize_chain200k_load: %.0f ms\n", load_ms);
-  std::printf("serialize_chain200k_load_peak_memory: %.2f KB/node\n", load_kb / nodes);
-  std::printf("serialize_chain200k_python_load: %.0f ms\n", python_ms);
-  std::printf("serialize_chain200k_python_peak_rss: %.0f MB\n", python_kb / 1024.0);
+  std::printf("serialize_chain200k_save: %.0f ms\n", save.ms);
+  std::printf("serialize_chain200k_save_cpu: %.0f ms\n", save.cpu_ms);
+  std::printf("serialize_chain200k_save_peak_memory: %.2f KB/node\n", save.kb / nodes);
+  std::printf("serialize_chain200k_load: %.0f ms\n", load.ms);
+  std::printf("serialize_chain200k_load_cpu: %.0f ms\n", load.cpu_ms);
+  std::printf("serialize_chain200k_load_peak_memory: %.2f KB/node\n", load.kb / nodes);
+  std::printf("serialize_chain200k_python_load: %.0f ms\n", py.ms);
+  std::printf("serialize_chain200k_python_load_cpu: %.0f ms\n", py.cpu_ms);
+  std::printf("serialize_chain200k_python_peak_rss: %.0f MB\n", py.kb / 1024.0);
 }
 
 int measure_load(const std::string& path, const torchcap::LoadOptions& options) {
