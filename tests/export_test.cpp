@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 namespace torchcap {
 namespace {
@@ -149,6 +150,27 @@ TEST(Export, ReshapeOfAViewIsRecordedAsAView) {
   c10::IValue expected = program(inputs);
   EXPECT_EQ(examples::max_abs_diff(Interpreter(gm).run(inputs), expected), 0) << gm.str();
   EXPECT_EQ(examples::max_abs_diff(Interpreter(traced).run(inputs), expected), 0);
+}
+
+// Autograd's derivative of a multiplication by a number multiplies by a
+// tensor made from it and passed through aten::lift_fresh, which
+// functionalization asserts never sees a wrapped tensor (a training step's
+// backward, say).
+TEST(Export, TensorsMadeFromNumbersAreConstants) {
+  auto program = [](IValues in) {
+    at::AutoGradMode grad(true);
+    at::Tensor w = at::ones({3}).requires_grad_();
+    at::Tensor y = (in[0].toTensor() * w * 0.5).sum();
+    return c10::IValue(torch::autograd::grad({y}, {w})[0]);
+  };
+  IValues inputs = {at::randn({3})};
+  GraphModule traced = trace(program, inputs);
+  bool lifted = false;
+  for (const Node* n : traced.graph()) lifted = lifted || n->target() == "aten::lift_fresh";
+  ASSERT_TRUE(lifted) << traced.str();
+  GraphModule gm = export_program(program, inputs);
+  EXPECT_TRUE(is_functional(gm.graph())) << gm.str();
+  EXPECT_EQ(examples::max_abs_diff(Interpreter(gm).run(inputs), program(inputs)), 0);
 }
 
 TEST(Export, PreservedOperatorsStayWholeUnderInferenceMode) {

@@ -3,6 +3,7 @@
 
 #include <torchcap/argument.h>
 #include <torchcap/error.h>
+#include <torchcap/export.h>
 #include <torchcap/graph.h>
 #include <torchcap/graph_module.h>
 #include <torchcap/interpreter.h>
@@ -15,4 +16,5 @@
 #include <torchcap/summary.h>
 #include <torchcap/tracer.h>
 #include <torchcap/tracing_tensor.h>
+#include <torchcap/training.h>
 #include <torchcap/tree_spec.h>

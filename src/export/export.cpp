@@ -139,6 +139,12 @@ class Functionalizer : public Evaluator {
   }
 
   void run_kernel(const Node& n, std::vector<c10::IValue>& stack) override {
+    if (n.schema().operator_name() == lift_fresh_) {
+      // The identity on a tensor the program just made (torch::tensor(2.0)),
+      // which functionalization refuses to see wrapped: it is its argument.
+      stack.resize(1);
+      return;
+    }
     const detail::HiddenWrites* hidden = detail::hidden_writes(n.schema().operator_name());
     if (hidden != nullptr && detail::hidden_writes_happen(*hidden, stack)) {
       write_functionally(n, *hidden, stack);
@@ -177,6 +183,7 @@ class Functionalizer : public Evaluator {
   }
 
   detail::TraceState& st_;
+  const c10::OperatorName lift_fresh_{"aten::lift_fresh", ""};
 };
 
 }  // namespace
