@@ -1,7 +1,9 @@
 // Tracing TorchScript modules (torch::jit::load): the module's own operators
 // are recorded, its parameters keep their qualified names.
 #include <torchcap/export.h>
+#include <torchcap/error.h>
 #include <torchcap/interpreter.h>
+#include <torchcap/library.h>
 #include <torchcap/printer.h>
 #include <torchcap/tracer.h>
 
@@ -219,6 +221,99 @@ TEST(TorchScriptSource, AnExplicitLocatorWins) {
   GraphModule gm = trace(m, {torch::randn({1, 3, 5, 5})}, options);
   EXPECT_GT(calls, 0);
   EXPECT_EQ(first_call(gm, "aten::relu")->meta().module_stack.frames().back().path, "mine");
+}
+
+TEST(TorchScriptInputs, OmittedTrailingArgumentsTakeTheirDefaults) {
+  torch::jit::Module m = load_fixture("defaults");
+  at::Tensor x = torch::randn({2, 3});
+  GraphModule gm = trace(m, {x});  // mask=None, scale=2.0, steps=3
+  gm.lint();
+  EXPECT_EQ(count_target(gm, "aten::mul.Scalar"), 3u);
+  EXPECT_EQ(count_target(gm, "aten::add.Tensor"), 0u);
+  EXPECT_TRUE(torch::allclose(Interpreter(gm).run({x}).toTensor(), x * 8));
+
+  GraphModule given = trace(m, {x, x, 0.5, int64_t{1}});
+  EXPECT_EQ(count_target(given, "aten::mul.Scalar"), 1u);
+  EXPECT_EQ(count_target(given, "aten::add.Tensor"), 1u);
+}
+
+TEST(TorchScriptTensorLiterals, ListsTurnedIntoTensorsBecomeConstants) {
+  // torch.tensor([...]) and torch.as_tensor(list) write an empty tensor's
+  // memory directly (Note [Raw writes into a fresh tensor]).
+  torch::jit::Module m = load_fixture("tensor_literal");
+  at::Tensor x = torch::randn({2, 3});
+  auto [gm, out] = trace_with_outputs(m, {x});
+  gm.lint();
+  at::Tensor expected = m.forward({x}).toTensor();
+  EXPECT_TRUE(torch::allclose(out.toTensor(), expected));
+  at::Tensor other = torch::randn({2, 3});
+  EXPECT_TRUE(torch::allclose(Interpreter(gm).run({other}).toTensor(), m.forward({other}).toTensor()));
+  ASSERT_TRUE(gm.has_attribute("_tensor_constant0"));
+  EXPECT_TRUE(torch::equal(gm.attribute("_tensor_constant0").value, torch::tensor({1.0f, 2.0f, 3.0f})));
+  GraphModule exported = export_program(m, {x});
+  EXPECT_TRUE(torch::allclose(Interpreter(exported).run({other}).toTensor(), m.forward({other}).toTensor()));
+}
+
+TEST(TorchScriptTensorLiterals, OtherTracedTensorsStillRefuseRawAccess) {
+  at::Tensor x = torch::randn({3});
+  try {
+    trace([](std::vector<c10::IValue> in) {
+      at::Tensor y = in[0].toTensor() + 1;
+      (void)y.data_ptr();
+      return c10::IValue(y);
+    }, {x});
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("doesn't have storage"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TorchScriptErrors, TheSummaryThenTheModelsFrames) {
+  torch::jit::Module m = load_fixture("located");
+  try {
+    trace(m, {torch::randn({1, 2, 5, 5})});  // two channels where the stem takes three
+    FAIL() << "expected an error";
+  } catch (const ModelError& e) {
+    EXPECT_EQ(e.summary().find("the model failed: "), 0u) << e.summary();
+    EXPECT_NE(e.summary().find("expected input[1, 2, 5, 5] to have 3 channels"), std::string::npos)
+        << e.summary();
+    EXPECT_EQ(e.summary().find('\n'), std::string::npos);
+    EXPECT_NE(e.traceback().find("fixture_models.py\", line " +
+                                 std::to_string(fixture_line("return self.features(self.stem(x))"))),
+              std::string::npos)
+        << e.traceback();
+    EXPECT_NE(e.traceback().find("\n    return self.features(self.stem(x)).sum(dim=1)"),
+              std::string::npos)
+        << e.traceback();
+    EXPECT_EQ(std::string(e.what()), e.summary() + "\n" + e.traceback());
+  }
+}
+
+TEST(CustomOperators, RecordedByNameAndRunByTheInterpreter) {
+  EXPECT_THROW(load_library("/nonexistent/libops.so"), Error);
+  load_library(TORCHCAP_TEST_OPS);
+  load_library(TORCHCAP_TEST_OPS);  // twice: nothing happens
+  torch::jit::Module m = load_fixture("custom_op");  // needs the library loaded
+  at::Tensor x = torch::randn({4}), y = torch::randn({4});
+  GraphModule gm = trace(m, {x, y});
+  gm.lint();
+  EXPECT_EQ(count_target(gm, "torchcap_test::scale_add"), 1u);
+  EXPECT_TRUE(torch::allclose(Interpreter(gm).run({x, y}).toTensor(), x.relu() + y * 0.5));
+  GraphModule exported = export_program(m, {x, y});
+  EXPECT_EQ(count_target(exported, "torchcap_test::scale_add"), 1u);
+}
+
+TEST(CustomOperators, ALibraryThatCannotLoadIsNamed) {
+  auto junk = std::filesystem::temp_directory_path() / ("torchcap_junk_" + std::to_string(::getpid()) + ".so");
+  std::ofstream(junk) << "not a shared object";
+  try {
+    load_library(junk.string());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find("cannot load operator library '" + junk.string() + "': "), 0u) << what;
+  }
+  std::filesystem::remove(junk);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace torchcap {
 
@@ -26,6 +27,27 @@ class LintError : public Error {
 class TraceError : public Error {
  public:
   using Error::Error;
+};
+
+// An error raised while a TorchScript model's code ran under the tracer (an
+// operator failed, the model raised, or the tracer refused what the model did).
+// what() is the one-line summary, then the model's Python frames where
+// TorchScript knows them, one "  File ..., line N, in fn" line and its source
+// line per frame, innermost last (a Python traceback's order).
+class ModelError : public TraceError {
+ public:
+  ModelError(std::string summary, std::string traceback)
+      : TraceError(traceback.empty() ? summary : summary + "\n" + traceback),
+        summary_(std::move(summary)),
+        traceback_(std::move(traceback)) {}
+
+  const std::string& summary() const { return summary_; }
+  // Empty when TorchScript recorded no Python source for the model.
+  const std::string& traceback() const { return traceback_; }
+
+ private:
+  std::string summary_;
+  std::string traceback_;
 };
 
 // A value of the wrong kind where another was required (e.g. a traced function

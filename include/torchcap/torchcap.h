@@ -7,6 +7,7 @@
 #include <torchcap/graph.h>
 #include <torchcap/graph_module.h>
 #include <torchcap/interpreter.h>
+#include <torchcap/library.h>
 #include <torchcap/memory_plan.h>
 #include <torchcap/meta.h>
 #include <torchcap/node.h>

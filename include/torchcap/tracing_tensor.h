@@ -5,7 +5,8 @@
 // produced its current value, and whether it is immutable (a graph input, or a
 // view of one). It reports the real tensor's sizes, strides, dtype and device;
 // touching its storage throws, because raw reads and writes would bypass the
-// tracer; metadata setters throw too. Every aten operator on it reaches the
+// tracer (one exception: a tensor a factory just made, see Note [Raw writes
+// into a fresh tensor] in tracing_tensor.cpp); metadata setters throw too. Every aten operator on it reaches the
 // tracer's dispatch handler, which runs the operator on the real tensors and
 // records it.
 //
@@ -50,6 +51,8 @@ class TracingTensorImpl : public c10::TensorImpl {
   void set_stride(int64_t dim, int64_t new_stride) override;
   void set_storage_offset(int64_t storage_offset) override;
   void shallow_copy_from(const c10::intrusive_ptr<TensorImpl>& impl) override;
+  // Asked before any raw access to the data (Tensor::data_ptr).
+  bool has_storage() const override;
 
   // Views made above the tracer (autograd's ADInplaceOrView) copy the wrapper
   // through these: the copy shares value, node and immutability.
@@ -70,6 +73,7 @@ class TracingTensorImpl : public c10::TensorImpl {
   int64_t source_index_ = -1;
   uint64_t trace_id_ = 0;
   bool immutable_ = false;
+  bool storage_exposed_ = false;
 };
 
 // Free helpers (functorch's isBatchedTensor / maybeGetBatchedImpl / makeBatched).

@@ -69,12 +69,22 @@ void flatten_into(const c10::IValue& v, const std::string& path, std::vector<at:
   }
 }
 
+// The element type of a rebuilt list or dict: the one all values share
+// (Tensor, int, float, bool, so that a TorchScript List[int] parameter
+// accepts it), Any otherwise.
 c10::TypePtr element_type(const std::vector<c10::IValue>& values) {
   if (values.empty()) return c10::TensorType::get();
-  for (const c10::IValue& v : values) {
-    if (!v.isTensor()) return c10::AnyType::get();
-  }
-  return c10::TensorType::get();
+  auto all = [&](bool (c10::IValue::*is)() const) {
+    for (const c10::IValue& v : values) {
+      if (!(v.*is)()) return false;
+    }
+    return true;
+  };
+  if (all(&c10::IValue::isTensor)) return c10::TensorType::get();
+  if (all(&c10::IValue::isInt)) return c10::IntType::get();
+  if (all(&c10::IValue::isDouble)) return c10::FloatType::get();
+  if (all(&c10::IValue::isBool)) return c10::BoolType::get();
+  return c10::AnyType::get();
 }
 
 }  // namespace

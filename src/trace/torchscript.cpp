@@ -1,4 +1,5 @@
 // Tracing TorchScript modules (torch::jit::load).
+#include <torchcap/error.h>
 #include <torchcap/tracer.h>
 
 #include "trace/trace_state.h"
@@ -8,8 +9,10 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 namespace torchcap {
@@ -143,6 +146,69 @@ class TorchScriptLocator {
   std::unordered_map<std::string, Location> cache_;
 };
 
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t nl = s.find('\n', start);
+    lines.push_back(s.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
+    if (nl == std::string::npos) break;
+    start = nl + 1;
+  }
+  return lines;
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// "~~~~~~ <--- HERE": TorchScript's mark under the range that failed.
+bool is_highlight(const std::string& trimmed) {
+  return !trimmed.empty() && trimmed[0] == '~' &&
+         trimmed.find_first_not_of("~") == trimmed.find(" <--- HERE");
+}
+
+// Note [Errors from inside a TorchScript model]
+// The TorchScript interpreter turns any exception raised under it (an
+// operator's, the model's own `raise`, or the tracer's refusal) into one text:
+// "The following operation failed...", a traceback of the serialized code,
+// one of the user's original Python code (each frame a `File` line, a few
+// lines of context and a `~~~ <--- HERE` mark), then "Class: message". That
+// text is thousands of characters on several lines; users need the message
+// and where in their model it happened. This keeps the message as the summary
+// and, from the last traceback (the original code when TorchScript has it),
+// each frame's `File` line and the line its mark points at. Returns nullopt
+// for texts without a traceback.
+std::optional<ModelError> model_error_from(const std::string& text) {
+  std::vector<std::string> lines = split_lines(text);
+  size_t begin = lines.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (starts_with(lines[i], "Traceback of TorchScript")) begin = i + 1;
+  }
+  if (begin == lines.size()) return std::nullopt;
+  std::string traceback, message;
+  std::string previous;  // the last source line seen in the current frame
+  bool frame_has_code = false;
+  for (size_t i = begin; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    std::string trimmed = strip(line);
+    if (!message.empty() || (!line.empty() && line[0] != ' ')) {
+      if (!trimmed.empty()) message += (message.empty() ? "" : " ") + trimmed;
+    } else if (starts_with(trimmed, "File \"")) {
+      traceback += "  " + trimmed + "\n";
+      frame_has_code = false;
+      previous.clear();
+    } else if (is_highlight(trimmed)) {
+      if (!frame_has_code && !previous.empty()) traceback += "    " + previous + "\n";
+      frame_has_code = true;
+    } else if (!trimmed.empty()) {
+      previous = trimmed;
+    }
+  }
+  if (starts_with(message, "RuntimeError: ")) message.erase(0, std::strlen("RuntimeError: "));
+  if (message.empty()) message = "an error without a message";
+  if (!traceback.empty() && traceback.back() == '\n') traceback.pop_back();
+  return ModelError("the model failed: " + message, traceback);
+}
+
 }  // namespace
 
 ModuleState ModuleState::of(torch::jit::Module& module) {
@@ -158,7 +224,17 @@ TraceResult trace_with_outputs(torch::jit::Module& module, const std::vector<c10
     // Unoptimised execution: no fusion groups or specialisations, so the
     // operators that reach the tracer are the ones the module's code calls.
     torch::jit::GraphOptimizerEnabledGuard no_optimization(false);
-    return module.forward(std::move(args));
+    try {
+      return module.forward(std::move(args));
+    } catch (const Error&) {
+      throw;
+    } catch (const c10::Error& e) {
+      if (auto error = model_error_from(e.what_without_backtrace())) throw *error;
+      throw;
+    } catch (const std::exception& e) {
+      if (auto error = model_error_from(e.what())) throw *error;
+      throw;
+    }
   };
   TraceOptions with_locations = options;
   if (!with_locations.locate_source) {

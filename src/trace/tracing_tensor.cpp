@@ -57,6 +57,37 @@ void TracingTensorImpl::refresh_metadata() {
   refresh_contiguous();
 }
 
+// Note [Raw writes into a fresh tensor]
+// Some LibTorch code builds a tensor by allocating it and writing its memory
+// directly: TorchScript's torch.tensor([...]) / torch.as_tensor(list) make an
+// empty tensor and store the list's numbers through data_ptr(). While a trace
+// captures factories, that empty tensor is a wrapper, whose storage cannot be
+// reached, and the graph would hold an `empty` node whose values nothing
+// recorded. Raw access starts with has_storage(), which is virtual: when it is
+// asked of a wrapper whose value is a factory's fresh result (a call with no
+// graph values among its arguments, so its value depends on no input), the
+// tracer lifts the real tensor as a `_tensor_constant` attribute, rebinds the
+// wrapper to that get_attr node, and exposes the real tensor's storage. The
+// writes land in the constant, which the graph module keeps; operators after
+// them use the constant. Any other wrapper keeps refusing raw access.
+bool TracingTensorImpl::has_storage() const {
+  if (storage_exposed_) return true;
+  detail::TraceState* st = detail::current_trace();
+  if (st == nullptr || st->id() != trace_id_ || node_ == nullptr ||
+      node_->op() != OpCode::CallFunction || !node_->inputs().empty()) {
+    return false;
+  }
+  auto* self = const_cast<TracingTensorImpl*>(this);
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_tracer(detail::kTracerKey);
+    self->rebind(st->node_for(value_, "a tensor built by raw writes"));
+  }
+  self->storage_ = value_.storage();
+  self->storage_offset_ = value_.storage_offset();
+  self->storage_exposed_ = true;
+  return true;
+}
+
 void TracingTensorImpl::set_size(int64_t, int64_t) {
   throw TraceError("cannot set the size of a traced tensor; use an operator such as resize_");
 }
@@ -80,6 +111,11 @@ c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::copy_with(
   auto copy = c10::make_intrusive<TracingTensorImpl>(value_, node_, trace_id_, immutable_);
   copy->source_ = source_;
   copy->source_index_ = source_index_;
+  if (storage_exposed_) {
+    copy->storage_ = storage_;
+    copy->storage_offset_ = storage_offset_;
+    copy->storage_exposed_ = true;
+  }
   // Inference tensors carry no version counter and may not be given one.
   if (!copy->is_inference()) copy->set_version_counter(std::move(version_counter));
   copy->set_allow_tensor_metadata_change(allow_tensor_metadata_change);

@@ -2,7 +2,10 @@
 source is in a file (TorchScript records it), so the tests can check the
 source lines and module paths a trace records.
 
-    python3 make_torchscript_fixtures.py OUT_DIR
+    python3 make_torchscript_fixtures.py OUT_DIR [OPS_LIBRARY]
+
+With OPS_LIBRARY (tests/tools/custom_ops.cpp built), also a model calling its
+torchcap_test::scale_add.
 """
 
 import pathlib
@@ -43,6 +46,11 @@ class Defaults(torch.nn.Module):
         return x
 
 
+class CustomOp(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.ops.torchcap_test.scale_add(x.relu(), y, 0.5)
+
+
 class TensorLiteral(torch.nn.Module):
     def forward(self, x):
         offsets = torch.tensor([1.0, 2.0, 3.0])
@@ -64,6 +72,9 @@ def main():
     for name, cls in [("located", fixture_models.Located), ("defaults", fixture_models.Defaults),
                       ("tensor_literal", fixture_models.TensorLiteral)]:
         torch.jit.script(cls().eval()).save(str(out / f"{name}.pt"))
+    if len(sys.argv) > 2:
+        torch.ops.load_library(sys.argv[2])
+        torch.jit.script(fixture_models.CustomOp()).save(str(out / "custom_op.pt"))
 
 
 if __name__ == "__main__":
