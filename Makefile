@@ -3,6 +3,7 @@
 #   make demo    trace the built-in ResNet-18 and show what was captured
 #   make test    install what is missing, build, run every test through ctest
 #   make fuzz    fuzz the file loader for FUZZ_SECONDS (default 300) with libFuzzer
+#   make zoo     trace, export and check every scriptable torchvision family
 #
 # Each target installs missing Debian packages first (`make deps`), so a fresh
 # Debian 12 machine needs nothing else.
@@ -49,6 +50,14 @@ build: configure
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# torchvision's scriptable families, small inputs and random weights, through
+# the command (trace and --export, checked against eager in C++) and
+# torchcap.load (checked again in Python); one line per model and a summary.
+# `make test` runs the smallest of them (tests/python/zoo.py --smallest).
+.PHONY: zoo
+zoo: build
+	/usr/bin/python3 tests/python/zoo.py --cli $(BUILD_DIR)/torchcap
 
 # Headers, library and CMake package: find_package(torchcap) then works with
 # CMAKE_PREFIX_PATH=$(PREFIX) (see examples/consumer).

@@ -5,8 +5,15 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <optional>
+#include <sstream>
 #include <sys/stat.h>
 
 namespace torchcap::cli {
@@ -56,27 +63,68 @@ std::string dtype_name(c10::ScalarType t) {
   return c10::toString(t);
 }
 
-at::Tensor load_tensor_file(const std::string& path) {
+// "a dict", "a list", "an int", ... for messages.
+std::string kind_of(const c10::IValue& v) {
+  if (v.isGenericDict()) return "a dict";
+  if (v.isList()) return "a list";
+  if (v.isTuple()) return "a tuple";
+  if (v.isInt()) return "an int";
+  if (v.isDouble()) return "a float";
+  if (v.isBool()) return "a bool";
+  if (v.isString()) return "a string";
+  if (v.isNone()) return "None";
+  if (v.isTensor()) return "a tensor";
+  return "a " + v.tagKind();
+}
+
+c10::IValue load_value_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read input file '" + path + "'");
+  if (!in) throw Error("input file '" + path + "': cannot read it");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue v;
-  try {
-    v = torch::jit::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    throw Error("input file '" + path + "' is not a tensor saved with torch.save: " +
-                e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw Error("input file '" + path + "' is not a tensor saved with torch.save: " + e.what());
+  // torch.save writes a zip archive (PK\3\4); older pickles, and files of
+  // anything else, are refused before LibTorch's reader sees them.
+  if (bytes.size() < 4 || bytes[0] != 'P' || bytes[1] != 'K' || bytes[2] != 3 || bytes[3] != 4) {
+    throw Error("input file '" + path + "' is not a file written by torch.save (a zip archive)");
   }
+  try {
+    return torch::jit::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    // LibTorch's reasons here are about pickle opcodes, or an internal assert
+    // for a state dict (an OrderedDict, a Python class its unpickler cannot
+    // build); what matters is what the file holds. torch.save stores its
+    // pickle uncompressed, so the class name is visible.
+    const std::string ordered_dict = "collections\nOrderedDict";
+    if (std::search(bytes.begin(), bytes.end(), ordered_dict.begin(), ordered_dict.end()) !=
+        bytes.end()) {
+      throw Error("input file '" + path + "' holds a dict (an OrderedDict, such as a state dict), "
+                  "not a tensor");
+    }
+    throw Error("input file '" + path + "' holds Python objects LibTorch cannot read: give a "
+                "tensor, or a list, tuple or dict of tensors and numbers, saved by torch.save");
+  }
+}
+
+at::Tensor load_tensor_file(const std::string& path) {
+  c10::IValue v = load_value_file(path);
   if (!v.isTensor()) {
-    throw Error("input file '" + path + "' holds " + v.tagKind() + ", not a tensor");
+    throw Error("input file '" + path + "' holds " + kind_of(v) + ", not a tensor");
   }
   return v.toTensor();
 }
 
 at::Tensor parse_input(const std::string& spec) {
   if (is_file(spec)) return load_tensor_file(spec);
+  struct stat st;
+  if (::stat(spec.c_str(), &st) == 0) {
+    throw Error("--input '" + spec + "' is a directory, not a file holding a tensor");
+  }
+  auto ends_with = [&](const char* suffix) {
+    size_t n = std::strlen(suffix);
+    return spec.size() >= n && spec.compare(spec.size() - n, n, suffix) == 0;
+  };
+  if (spec.find('/') != std::string::npos || ends_with(".pt") || ends_with(".pth")) {
+    throw Error("--input '" + spec + "': no such file");
+  }
   std::string shape_part = spec;
   c10::ScalarType dtype = c10::kFloat;
   size_t colon = spec.rfind(':');
@@ -103,6 +151,148 @@ at::Tensor parse_input(const std::string& spec) {
     }
   }
   return random_tensor(shape, dtype);
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+std::optional<int64_t> parse_int(const std::string& s) {
+  std::string t = trim(s);
+  if (t.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(t.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_float(const std::string& s) {
+  std::string t = trim(s);
+  if (t.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(t.c_str(), &end);
+  if (errno != 0 || *end != '\0') return std::nullopt;
+  return v;
+}
+
+std::optional<bool> parse_bool(const std::string& s) {
+  std::string t = trim(s);
+  if (t == "true" || t == "True" || t == "1") return true;
+  if (t == "false" || t == "False" || t == "0") return false;
+  return std::nullopt;
+}
+
+// "[1, 2]" or "1,2" -> {"1", "2"}; "[]" -> {}.
+std::vector<std::string> list_items(const std::string& spec) {
+  std::string t = trim(spec);
+  if (t.size() >= 2 && t.front() == '[' && t.back() == ']') t = t.substr(1, t.size() - 2);
+  std::vector<std::string> items;
+  if (trim(t).empty()) return items;
+  size_t start = 0;
+  while (true) {
+    size_t comma = t.find(',', start);
+    items.push_back(t.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+bool is_none_spec(const std::string& spec) {
+  std::string t = trim(spec);
+  return t == "none" || t == "None";
+}
+
+c10::IValue parse_as(const std::string& spec, const c10::TypePtr& type,
+                     const std::function<Error(const std::string&)>& bad) {
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    if (is_none_spec(spec)) return c10::IValue();
+    return parse_as(spec, opt->getElementType(), bad);
+  }
+  if (is_none_spec(spec)) {
+    if (type->kind() == c10::NoneType::Kind) return c10::IValue();
+    throw bad("None is not allowed here (the parameter is not Optional)");
+  }
+  switch (type->kind()) {
+    case c10::TensorType::Kind:
+      return parse_input(spec);
+    case c10::IntType::Kind:
+      if (auto v = parse_int(spec)) return *v;
+      throw bad("expected an integer such as 3");
+    case c10::FloatType::Kind:
+      if (auto v = parse_float(spec)) return *v;
+      throw bad("expected a number such as 0.5");
+    case c10::NumberType::Kind:
+      if (auto v = parse_int(spec)) return *v;
+      if (auto v = parse_float(spec)) return *v;
+      throw bad("expected a number such as 3 or 0.5");
+    case c10::BoolType::Kind:
+      if (auto v = parse_bool(spec)) return *v;
+      throw bad("expected true or false");
+    case c10::StringType::Kind:
+      return spec;
+    default:
+      break;
+  }
+  if (auto list = type->cast<c10::ListType>()) {
+    c10::TypePtr element = list->getElementType();
+    auto kind = element->kind();
+    if (kind == c10::IntType::Kind || kind == c10::FloatType::Kind || kind == c10::BoolType::Kind) {
+      c10::impl::GenericList out(element);
+      for (const std::string& item : list_items(spec)) {
+        out.push_back(parse_as(item, element, [&](const std::string& why) {
+          return bad("list element '" + trim(item) + "': " + why);
+        }));
+      }
+      return out;
+    }
+  }
+  if (!is_file(spec)) {
+    throw bad("give a file written by torch.save holding a " + type->annotation_str());
+  }
+  c10::IValue v = load_value_file(spec);
+  // Unpickled lists are lists of anything; a list of tensors is what a
+  // List[Tensor] parameter (detection models' images) takes.
+  if (auto list = type->cast<c10::ListType>(); list && v.isList() &&
+      list->getElementType()->kind() == c10::TensorType::Kind) {
+    c10::List<at::Tensor> tensors;
+    for (const c10::IValue& item : v.toListRef()) {
+      if (!item.isTensor()) throw bad("the file holds a list with " + kind_of(item) + " in it, not only tensors");
+      tensors.push_back(item.toTensor());
+    }
+    return tensors;
+  }
+  if (!v.type()->isSubtypeOf(*type)) {
+    throw bad("the file holds " + kind_of(v) + " of type " + v.type()->annotation_str() +
+              ", not " + type->annotation_str());
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string describe_parameter(const c10::Argument& parameter) {
+  std::string out = parameter.name() + ": " + parameter.type()->annotation_str();
+  if (parameter.default_value()) {
+    std::ostringstream os;
+    os << *parameter.default_value();
+    out += " = " + os.str();
+  }
+  return out;
+}
+
+c10::IValue parse_argument(const std::string& spec, const c10::Argument& parameter) {
+  // Tensor specs and files report their own errors, which name the --input.
+  auto bad = [&](const std::string& why) {
+    return Error("--input '" + spec + "' for parameter '" + describe_parameter(parameter) + "': " + why);
+  };
+  return parse_as(spec, parameter.type(), bad);
 }
 
 std::vector<at::Tensor> random_inputs_for(const GraphModule& gm) {

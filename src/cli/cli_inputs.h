@@ -5,6 +5,8 @@
 #include <torchcap/graph_module.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
 
 #include <string>
 #include <vector>
@@ -21,6 +23,25 @@ std::vector<at::Tensor> random_inputs_for(const GraphModule& gm);
 
 // A tensor from a file written by torch.save (Python) or torchcap.
 at::Tensor load_tensor_file(const std::string& path);
+
+// Any value from a file written by torch.save: a tensor, a number, a list, a
+// tuple or a dict of them. Files that are not such an archive, or hold Python
+// objects LibTorch cannot read, are refused by name.
+c10::IValue load_value_file(const std::string& path);
+
+// One `--input` for a parameter of a TorchScript forward, read by the
+// parameter's declared type:
+//   Tensor           a shape (random values) or a torch.save'd tensor file
+//   int, float, bool a literal: 3, 0.5, 1e-3, true, false
+//   List[int|float|bool]   1,2,3 (or [1,2,3] where the shell and CLI11 leave it whole)
+//   str              the text itself
+//   Optional[T]      `none`, or what T accepts
+//   anything else    a torch.save'd file holding a value of that type
+// Errors name the parameter, its type, and what was given.
+c10::IValue parse_argument(const std::string& spec, const c10::Argument& parameter);
+
+// "x: Tensor", "mask: Optional[Tensor] = None", "steps: int = 3".
+std::string describe_parameter(const c10::Argument& parameter);
 
 // The dtype named by `name` ("float32", "f32", "float", "int64", ...).
 c10::ScalarType parse_dtype(const std::string& name);

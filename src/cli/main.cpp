@@ -1,13 +1,16 @@
 // torchcap: trace, show and run captured programs from the command line.
 //
-//   torchcap trace MODEL.pt --input 1x3x224x224 [-o OUT.tcg] [--export] [--json]
+//   torchcap trace MODEL.pt --input 1x3x224x224 [-o OUT.tcg] [--export] [--no-check] [--json]
 //   torchcap trace --example resnet18 [-o OUT.tcg]
 //   torchcap examples
 //   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]
 //   torchcap run FILE.tcg [--input ...] [--json]
+// trace, show and run take --library PATH (repeatable): operator libraries
+// to load first, such as torchvision's _C.so for torchvision::nms.
 #include <torchcap/error.h>
 #include <torchcap/export.h>
 #include <torchcap/interpreter.h>
+#include <torchcap/library.h>
 #include <torchcap/passes.h>
 #include <torchcap/printer.h>
 #include <torchcap/serialize.h>
@@ -16,17 +19,22 @@
 
 #include "cli/cli_inputs.h"
 #include "cli/memory_view.h"
+#include "serialize/format.h"
 #include "zoo.h"
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <iostream>
+#include <sys/stat.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +49,21 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// One line: errors may carry several (the interpreter lists every mismatch).
+std::string one_line_of(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\n') {
+      out += (!out.empty() && out.back() == ':') ? " " : "; ";
+      while (i + 1 < s.size() && s[i + 1] == ' ') ++i;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 // Progress for long steps, on stderr, only when stderr is a terminal: piped
@@ -90,46 +113,141 @@ struct Program {
   std::vector<c10::IValue> inputs;
 };
 
-size_t forward_arity(const torch::jit::Module& m) {
-  const auto& schema = m.get_method("forward").function().getSchema();
-  return schema.arguments().size() - 1;  // self
+// What `torchcap trace` was asked to do.
+struct TraceCommand {
+  std::string model;    // a TorchScript file, or
+  std::string example;  // a built-in example
+  std::vector<std::string> inputs;
+  bool inference = false;
+  std::string preserve;  // comma-separated operator names
+  bool do_export = false;
+  bool keep_dead = false;
+  bool check = true;  // compare the graph with the model on the inputs
+  std::string output;
+  bool as_json = false;
+};
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Says what `path` is when it is not a TorchScript file, before LibTorch's
+// reader reports it in its own terms ("failed finding central directory").
+void check_model_file(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": no such file");
+  if (S_ISDIR(st.st_mode)) throw Error(path + " is a directory, not a TorchScript file");
+  char head[8] = {};
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(head, sizeof(head))) {
+    throw Error(path + " is not a TorchScript file (too short to be one)");
+  }
+  if (std::memcmp(head, format::kMagic, sizeof(format::kMagic)) == 0) {
+    throw Error(path + " is a torchcap graph, not a TorchScript model: use `torchcap show` or "
+                       "`torchcap run` on it");
+  }
+  if (std::memcmp(head, "PK\3\4", 4) != 0) {
+    throw Error(path + " is not a TorchScript file (torch.jit.save writes a zip archive)");
+  }
+  bool has_code = false, has_data = false;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    for (const std::string& record : reader.getAllRecords()) {
+      has_code = has_code || starts_with(record, "code/") || record == "constants.pkl";
+      has_data = has_data || record == "data.pkl";
+    }
+  } catch (const c10::Error& e) {
+    throw Error(path + " is not a TorchScript file: " + e.what_without_backtrace());
+  }
+  if (!has_code && has_data) {
+    throw Error(path + " was written by torch.save and holds data (a tensor, a state dict, ...), "
+                       "not a program: save a scripted model with torch.jit.save "
+                       "(torch.jit.script(model).save(path))");
+  }
 }
 
-Program load_program(const std::string& model, const std::string& example,
-                     const std::vector<std::string>& input_specs, Progress& progress) {
+// torch::jit::load, with LibTorch's message on operators no loaded library
+// defines turned into what to do about it.
+torch::jit::Module load_torchscript(const std::string& path) {
+  check_model_file(path);
+  try {
+    return torch::jit::load(path);
+  } catch (const std::exception& e) {
+    // c10::Error, or the TorchScript compiler's ErrorReport
+    auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::string what = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+    const std::string unknown = "Unknown builtin op: ";
+    size_t at = what.find(unknown);
+    if (at != std::string::npos) {
+      size_t begin = at + unknown.size();
+      size_t end = what.find_first_of(".\n ", begin);
+      std::string op = what.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+      std::string ns = op.substr(0, op.find("::"));
+      std::string hint = ns == "torchvision"
+                             ? " (torchvision's is the _C*.so file inside its Python package)"
+                             : "";
+      throw Error(path + " calls the operator " + op + ", which no loaded library defines: load the "
+                  "library of the '" + ns + "' operators with --library PATH" + hint);
+    }
+    throw Error("cannot load TorchScript file '" + path + "': " + one_line_of(what));
+  }
+}
+
+// The forward's parameters, without `self`.
+std::vector<c10::Argument> forward_parameters(torch::jit::Module& m) {
+  const auto& arguments = m.get_method("forward").function().getSchema().arguments();
+  return std::vector<c10::Argument>(arguments.begin() + 1, arguments.end());
+}
+
+// The --input values by the forward's declared parameter types. Trailing
+// parameters with defaults may be left out: TorchScript fills them in.
+std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string& name,
+                                        const std::vector<std::string>& specs) {
+  std::vector<c10::Argument> params = forward_parameters(m);
+  size_t required = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].default_value()) required = i + 1;
+  }
+  auto signature = [&] {
+    std::string out;
+    for (const c10::Argument& p : params) out += (out.empty() ? "" : ", ") + describe_parameter(p);
+    return "forward(" + out + ")";
+  };
+  if (specs.size() < required || specs.size() > params.size()) {
+    std::string count = required == params.size()
+                            ? std::to_string(required)
+                            : std::to_string(required) + " to " + std::to_string(params.size());
+    throw Error("the forward of '" + name + "' takes " + count + " input(s), got " +
+                std::to_string(specs.size()) + " --input: " + signature());
+  }
+  std::vector<c10::IValue> values;
+  for (size_t i = 0; i < specs.size(); ++i) values.push_back(parse_argument(specs[i], params[i]));
+  return values;
+}
+
+Program load_program(const TraceCommand& cmd, Progress& progress) {
   Program p;
-  if (!example.empty()) {
-    p.name = example;
-    p.example = std::make_unique<examples::Example>(examples::make(example));
-    if (input_specs.empty()) {
+  if (!cmd.example.empty()) {
+    p.name = cmd.example;
+    p.example = std::make_unique<examples::Example>(examples::make(cmd.example));
+    if (cmd.inputs.empty()) {
       p.inputs = p.example->make_inputs(0);
     } else {
-      for (const std::string& s : input_specs) p.inputs.push_back(parse_input(s));
+      for (const std::string& s : cmd.inputs) p.inputs.push_back(parse_input(s));
       size_t expected = p.example->make_inputs(0).size();
       if (p.inputs.size() != expected) {
-        throw Error("example '" + example + "' takes " + std::to_string(expected) +
+        throw Error("example '" + cmd.example + "' takes " + std::to_string(expected) +
                     " input(s), got " + std::to_string(p.inputs.size()) + " --input");
       }
     }
     return p;
   }
-  p.name = model;
-  progress.step("loading " + model);
-  try {
-    p.script = std::make_shared<torch::jit::Module>(torch::jit::load(model));
-  } catch (const c10::Error& e) {
-    throw Error("cannot load TorchScript file '" + model + "': " + e.what_without_backtrace());
-  }
+  p.name = cmd.model;
+  progress.step("loading " + cmd.model);
+  p.script = std::make_shared<torch::jit::Module>(load_torchscript(cmd.model));
   p.script->eval();
-  if (input_specs.empty()) {
-    throw Error("give the inputs of '" + model + "' with --input, e.g. --input 1x3x224x224");
+  if (cmd.inputs.empty() && !forward_parameters(*p.script).empty()) {
+    throw Error("give the inputs of '" + cmd.model + "' with --input, e.g. --input 1x3x224x224");
   }
-  for (const std::string& s : input_specs) p.inputs.push_back(parse_input(s));
-  size_t arity = forward_arity(*p.script);
-  if (p.inputs.size() != arity) {
-    throw Error("the forward of '" + model + "' takes " + std::to_string(arity) + " input(s), got " +
-                std::to_string(p.inputs.size()) + " --input");
-  }
+  p.inputs = forward_inputs(*p.script, cmd.model, cmd.inputs);
   return p;
 }
 
@@ -152,74 +270,84 @@ std::vector<c10::IValue> clone_all(const std::vector<c10::IValue>& in) {
   return out;
 }
 
-int cmd_trace(const std::string& model, const std::string& example,
-              const std::vector<std::string>& input_specs, bool inference,
-              const std::string& preserve, bool do_export, bool keep_dead, const std::string& output,
-              bool as_json) {
-  if (model.empty() == example.empty()) {
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+GraphModule trace_program(Program& p, const TraceCommand& cmd, const TraceOptions& options) {
+  std::vector<c10::IValue> inputs = clone_all(p.inputs);
+  if (p.script) {
+    return cmd.do_export ? export_program(*p.script, inputs, options) : trace(*p.script, inputs, options);
+  }
+  if (cmd.do_export) {
+    return p.example->module ? export_program(*p.example->module, p.example->forward, inputs, options)
+                             : export_program(p.example->forward, inputs, options);
+  }
+  return examples::trace(*p.example, options, inputs);
+}
+
+int cmd_trace(const TraceCommand& cmd) {
+  if (cmd.model.empty() == cmd.example.empty()) {
     throw Error("trace takes a TorchScript file or --example NAME (one of them)");
   }
   Progress progress;
-  Program p = load_program(model, example, input_specs, progress);
+  Program p = load_program(cmd, progress);
 
   TraceOptions options;
-  options.inference_mode = inference;
-  if (!preserve.empty()) {
-    std::vector<std::string> ops;
-    size_t start = 0;
-    while (start <= preserve.size()) {
-      size_t comma = preserve.find(',', start);
-      std::string op = preserve.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (!op.empty()) ops.push_back(op);
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-    options.preserve = ops;
-  }
+  options.inference_mode = cmd.inference;
+  if (!cmd.preserve.empty()) options.preserve = split_commas(cmd.preserve);
 
-  progress.step(std::string(do_export ? "exporting " : "tracing ") + p.name);
-  std::vector<c10::IValue> trace_inputs = clone_all(p.inputs);
+  progress.step(std::string(cmd.do_export ? "exporting " : "tracing ") + p.name);
   auto t0 = Clock::now();
-  GraphModule gm;
-  if (p.script) {
-    gm = do_export ? export_program(*p.script, trace_inputs, options) : trace(*p.script, trace_inputs, options);
-  } else if (do_export) {
-    gm = p.example->module ? export_program(*p.example->module, p.example->forward, trace_inputs, options)
-                           : export_program(p.example->forward, trace_inputs, options);
-  } else {
-    gm = examples::trace(*p.example, options, trace_inputs);
-  }
+  GraphModule gm = trace_program(p, cmd, options);
   double trace_ms = ms_since(t0);
   // What the program computed and never used (the empty tensors a BatchNorm
   // decomposition makes for statistics eval mode does not keep, say) goes, as
   // in export; --keep-dead shows the trace as recorded.
-  if (!keep_dead) eliminate_dead_code(gm.graph());
+  if (!cmd.keep_dead) eliminate_dead_code(gm.graph());
   gm.lint();
 
-  progress.step("checking the graph against the model");
-  c10::IValue expected = run_eager(p, clone_all(p.inputs));
-  c10::IValue actual = Interpreter(gm).run(clone_all(p.inputs));
-  double diff = examples::max_abs_diff(actual, expected);
+  std::optional<double> diff;
+  if (cmd.check) {
+    progress.step("checking: running " + p.name + " eagerly");
+    c10::IValue expected = run_eager(p, clone_all(p.inputs));
+    progress.step("checking: running the graph");
+    c10::IValue actual = Interpreter(gm).run(clone_all(p.inputs));
+    diff = examples::max_abs_diff(actual, expected);
+  }
 
-  if (!output.empty()) {
-    progress.step("saving " + output);
-    save(gm, output);
+  if (!cmd.output.empty()) {
+    progress.step("saving " + cmd.output);
+    save(gm, cmd.output);
   }
   progress.done();
 
-  if (as_json) {
+  if (cmd.as_json) {
     json j = summary_json(gm);
     j["trace_ms"] = trace_ms;
-    j["max_abs_diff"] = diff;
-    if (!output.empty()) j["file"] = output;
+    j["max_abs_diff"] = diff ? json(*diff) : json(nullptr);
+    if (!cmd.output.empty()) j["file"] = cmd.output;
     std::cout << j.dump() << "\n";
   } else {
     GraphSummary s = summarize(gm);
     std::printf("%s %s: %zu nodes (%zu placeholder, %zu get_attr, %zu call_function, %zu output) in %.1f ms\n",
-                do_export ? "exported" : "traced", p.name.c_str(), s.nodes, s.placeholders, s.get_attrs,
-                s.call_functions, s.outputs, trace_ms);
-    std::printf("max |graph - eager| = %g\n", diff);
-    if (!output.empty()) std::printf("saved %s\n", output.c_str());
+                cmd.do_export ? "exported" : "traced", p.name.c_str(), s.nodes, s.placeholders,
+                s.get_attrs, s.call_functions, s.outputs, trace_ms);
+    if (diff) {
+      std::printf("max |graph - eager| = %g\n", *diff);
+    } else {
+      std::printf("not checked against the model (--no-check)\n");
+    }
+    if (!cmd.output.empty()) std::printf("saved %s\n", cmd.output.c_str());
   }
   return 0;
 }
@@ -345,43 +473,23 @@ int cmd_examples() {
   return 0;
 }
 
-// An error raised inside a TorchScript model carries two tracebacks; one
-// line keeps the error and the innermost place in the model's source.
-std::string model_error(const std::string& s) {
-  const std::string marker = "Traceback of TorchScript";
-  if (s.find(marker) == std::string::npos) return s;
-  std::vector<std::string> lines;
-  size_t start = 0;
-  while (start < s.size()) {
-    size_t nl = s.find('\n', start);
-    lines.push_back(s.substr(start, nl == std::string::npos ? std::string::npos : nl - start));
-    if (nl == std::string::npos) break;
-    start = nl + 1;
+const char* const kCommands[] = {"trace", "show", "run", "examples"};
+
+// CLI11 says "A subcommand is required" of a word it does not know.
+void check_command(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return;
+  for (const char* c : kCommands) {
+    if (std::strcmp(argv[1], c) == 0) return;
   }
-  std::string error, where;
-  for (const std::string& l : lines) {
-    if (l.find_first_not_of(" ") == std::string::npos) continue;
-    size_t first = l.find_first_not_of(" ");
-    if (l.compare(first, 5, "File ") == 0) where = l.substr(first);
-    error = l.substr(first);
-  }
-  return "the model failed" + (where.empty() ? std::string() : " at " + where) + ": " + error;
+  throw CLI::ValidationError("unknown command '" + std::string(argv[1]) +
+                             "' (commands: trace, show, run, examples)");
 }
 
-// One line: errors may carry several (the interpreter lists every mismatch).
-std::string one_line(std::string s) {
-  s = model_error(s);
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\n') {
-      out += (!out.empty() && out.back() == ':') ? " " : "; ";
-      while (i + 1 < s.size() && s[i + 1] == ' ') ++i;
-    } else {
-      out += s[i];
-    }
+// An option given an empty value ("-o ''") would silently do nothing.
+void check_not_empty(const CLI::App* cmd, const std::string& option, const std::string& value) {
+  if (cmd->parsed() && cmd->count(option) > 0 && value.empty()) {
+    throw Error(cmd->get_name() + " " + option + ": the file name is empty");
   }
-  return out;
 }
 
 int main_impl(int argc, char** argv) {
@@ -389,23 +497,29 @@ int main_impl(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "torchcap 0.1.0");
 
-  std::string model, example, output, preserve, svg, file;
-  std::vector<std::string> inputs;
-  bool inference = false, do_export = false, keep_dead = false, as_json = false;
+  TraceCommand trace_args;
+  std::string output, svg, file;
+  std::vector<std::string> inputs, libraries;
+  bool no_check = false, as_json = false;
   bool show_graph = false, show_code = false, show_dot = false, show_summary = false;
   bool show_memory_plan = false;
   uint64_t seed = 0;
+  const char* library_help = "load an operator library first (repeatable), e.g. torchvision's _C.so";
 
   CLI::App* trace_cmd = app.add_subcommand("trace", "trace a TorchScript file or a built-in example");
-  trace_cmd->add_option("model", model, "a TorchScript file (torch.jit.save)");
-  trace_cmd->add_option("--example", example, "a built-in example (see `torchcap examples`)");
-  trace_cmd->add_option("--input", inputs, "an input: a shape like 1x3x224x224[:float32] (random) or a torch.save'd tensor file");
-  trace_cmd->add_flag("--inference", inference, "trace under inference mode (keeps --preserve ops whole)");
-  trace_cmd->add_option("--preserve", preserve, "operators kept whole, e.g. aten::linear,aten::layer_norm");
-  trace_cmd->add_flag("--export", do_export, "functionalize: no mutation, no views; writes become outputs");
-  trace_cmd->add_flag("--keep-dead", keep_dead, "keep what the program computed and never used (removed by default)");
-  trace_cmd->add_option("-o,--output", output, "save the graph to this .tcg file");
-  trace_cmd->add_flag("--json", as_json, "print one JSON object");
+  trace_cmd->add_option("model", trace_args.model, "a TorchScript file (torch.jit.save)");
+  trace_cmd->add_option("--example", trace_args.example, "a built-in example (see `torchcap examples`)");
+  trace_cmd->add_option("--input", trace_args.inputs,
+                        "an argument of forward, by its type: a shape like 1x3x224x224[:float32] "
+                        "(random) or a torch.save'd file for tensors; none; 3, 0.5, true; 1,2 for lists");
+  trace_cmd->add_flag("--inference", trace_args.inference, "trace under inference mode (keeps --preserve ops whole)");
+  trace_cmd->add_option("--preserve", trace_args.preserve, "operators kept whole, e.g. aten::linear,aten::layer_norm");
+  trace_cmd->add_flag("--export", trace_args.do_export, "functionalize: no mutation, no views; writes become outputs");
+  trace_cmd->add_flag("--keep-dead", trace_args.keep_dead, "keep what the program computed and never used (removed by default)");
+  trace_cmd->add_flag("--no-check", no_check, "do not run the model and the graph to compare them");
+  trace_cmd->add_option("-o,--output", trace_args.output, "save the graph to this .tcg file");
+  trace_cmd->add_option("--library", libraries, library_help);
+  trace_cmd->add_flag("--json", trace_args.as_json, "print one JSON object");
   trace_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
 
   app.add_subcommand("examples", "list the built-in examples");
@@ -413,13 +527,14 @@ int main_impl(int argc, char** argv) {
   CLI::App* show_cmd = app.add_subcommand("show", "show a saved graph");
   show_cmd->add_option("file", file, "a .tcg file")->required();
   auto* summary_flag = show_cmd->add_flag("--summary", show_summary, "nodes, operators, parameters, inputs and outputs (default)");
-  auto* graph_flag = show_cmd->add_flag("--graph", show_graph, "the FX-style graph");
+  auto* graph_flag = show_cmd->add_flag("--graph", show_graph, "the FX-style graph, with each node's source");
   auto* code_flag = show_cmd->add_flag("--code", show_code, "Python code for torch.fx");
   auto* dot_flag = show_cmd->add_flag("--dot", show_dot, "Graphviz source");
   summary_flag->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
   graph_flag->excludes(code_flag)->excludes(dot_flag);
   code_flag->excludes(dot_flag);
   show_cmd->add_option("--svg", svg, "render the graph to this SVG file with Graphviz");
+  show_cmd->add_option("--library", libraries, library_help);
   show_cmd->add_flag("--json", as_json, "print the summary as one JSON object");
   show_cmd->add_flag("--memory", show_memory_plan, "the memory plan (with --svg: draw the arena, with --json: as JSON)")
       ->excludes(summary_flag)->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
@@ -428,19 +543,26 @@ int main_impl(int argc, char** argv) {
   run_cmd->add_option("file", file, "a .tcg file")->required();
   run_cmd->add_option("--input", inputs, "an input (shape or file); random from the recorded shapes if none");
   run_cmd->add_option("-o,--output", output, "save the outputs (torch.load reads them)");
+  run_cmd->add_option("--library", libraries, library_help);
   run_cmd->add_flag("--json", as_json, "print one JSON object");
   run_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
 
   try {
+    check_command(argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::cerr << "torchcap: error: " << one_line(e.what()) << " (see torchcap --help)\n";
+    std::cerr << "torchcap: error: " << one_line_of(e.what()) << " (see torchcap --help)\n";
     return 2;
   }
+  check_not_empty(trace_cmd, "-o", trace_args.output);
+  check_not_empty(run_cmd, "-o", output);
+  check_not_empty(show_cmd, "--svg", svg);
+  for (const std::string& library : libraries) load_library(library);
   at::manual_seed(seed);
   if (trace_cmd->parsed()) {
-    return cmd_trace(model, example, inputs, inference, preserve, do_export, keep_dead, output, as_json);
+    trace_args.check = !no_check;
+    return cmd_trace(trace_args);
   }
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
@@ -452,13 +574,17 @@ int main_impl(int argc, char** argv) {
 }  // namespace torchcap::cli
 
 int main(int argc, char** argv) {
-  using torchcap::cli::one_line;
+  using torchcap::cli::one_line_of;
   try {
     return torchcap::cli::main_impl(argc, argv);
+  } catch (const torchcap::ModelError& e) {
+    // The summary, then the model's frames, as Python prints a traceback.
+    std::cerr << "torchcap: error: " << one_line_of(e.summary()) << "\n";
+    if (!e.traceback().empty()) std::cerr << e.traceback() << "\n";
   } catch (const c10::Error& e) {
-    std::cerr << "torchcap: error: " << one_line(e.what_without_backtrace()) << "\n";
+    std::cerr << "torchcap: error: " << one_line_of(e.what_without_backtrace()) << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "torchcap: error: " << one_line(e.what()) << "\n";
+    std::cerr << "torchcap: error: " << one_line_of(e.what()) << "\n";
   }
   return 1;
 }

@@ -220,7 +220,7 @@ def test_not_torchscript(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a model")
     message = error_of("trace", junk, "--input", "2x2")
-    assert "cannot load TorchScript file" in message and "junk.pt" in message
+    assert message == f"{junk} is not a TorchScript file (torch.jit.save writes a zip archive)"
 
 
 def test_bad_shape_string(torchvision_models):
@@ -241,11 +241,17 @@ def test_wrong_input_count(torchvision_models):
 
 
 def test_error_inside_the_model(torchvision_models):
-    message = error_of("trace", torchvision_models / "resnet18.pt", "--input", "2x3")
-    assert message.startswith("the model failed at File ")
-    assert message.endswith("RuntimeError: Expected 3D (unbatched) or 4D (batched) input to conv2d, "
-                            "but got input of size: [2, 3]")
-    assert "conv.py" in message
+    # The summary on one line, then the model's frames as Python prints them.
+    result = run("trace", torchvision_models / "resnet18.pt", "--input", "2x3", check=False)
+    assert result.returncode == 1
+    lines = result.stderr.rstrip("\n").splitlines()
+    assert lines[0] == ("torchcap: error: the model failed: Expected 3D (unbatched) or 4D (batched) "
+                        "input to conv2d, but got input of size: [2, 3]")
+    assert lines[1].startswith('  File "') and "resnet.py" in lines[1] and "in forward" in lines[1]
+    assert lines[2] == "    return self._forward_impl(x)"
+    assert lines[-2].startswith('  File "') and "conv.py" in lines[-2]
+    assert lines[-1].startswith("    return F.conv2d(")
+    assert len(result.stderr) < 2000
 
 
 def test_missing_inputs(torchvision_models):
@@ -274,9 +280,199 @@ def test_op_the_tracer_rejects(tmp_path):
     script = tmp_path / "make_model.py"  # TorchScript needs the source in a file
     script.write_text(code)
     subprocess.run([sys.executable, str(script)], check=True)
-    message = error_of("trace", tmp_path / "writes_input.pt", "--input", "3")
-    assert "Immutable tensor `self` is potentially getting modified by aten::add_" in message
+    result = run("trace", tmp_path / "writes_input.pt", "--input", "3", check=False)
+    lines = result.stderr.splitlines()
+    assert "Immutable tensor `self` is potentially getting modified by aten::add_" in lines[0]
+    assert lines[1].endswith("make_model.py\", line 4, in forward") and lines[2] == "    x.add_(1)"
     # The same program exports: the write becomes an output.
     j = json.loads(run("trace", tmp_path / "writes_input.pt", "--input", "3", "--export",
                        "--json").stdout)
     assert j["outputs"] == 2
+
+
+# --- what users give by mistake: each says what the file or word is ------------------
+
+def test_unknown_command():
+    assert error_of("nosuchcmd", code=2).startswith(
+        "unknown command 'nosuchcmd' (commands: trace, show, run, examples)")
+
+
+def test_empty_output_name():
+    assert error_of("trace", "--example", "mlp", "-o", "") == "trace -o: the file name is empty"
+
+
+def test_missing_model_file(tmp_path):
+    missing = tmp_path / "model.pt"
+    assert error_of("trace", missing, "--input", "2x2") == f"{missing}: no such file"
+
+
+def test_directory_as_model(tmp_path):
+    assert error_of("trace", tmp_path, "--input", "2x2") == \
+        f"{tmp_path} is a directory, not a TorchScript file"
+
+
+def test_graph_file_given_to_trace(mlp_file):
+    assert error_of("trace", mlp_file, "--input", "2x2") == (
+        f"{mlp_file} is a torchcap graph, not a TorchScript model: use `torchcap show` or "
+        "`torchcap run` on it")
+
+
+def test_torch_save_file_given_to_trace(tmp_path):
+    data = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(2)}, data)
+    message = error_of("trace", data, "--input", "2x2")
+    assert message.startswith(f"{data} was written by torch.save and holds data"), message
+    assert "torch.jit.save" in message
+
+
+def test_dict_file_as_input(tmp_path):
+    state = tmp_path / "state_dict.pt"
+    torch.save(torch.nn.Linear(2, 2).state_dict(), state)
+    message = error_of("trace", "--example", "mlp", "--input", state)
+    assert message == (f"input file '{state}' holds a dict (an OrderedDict, such as a state "
+                       "dict), not a tensor")
+    plain = tmp_path / "plain.pt"
+    torch.save({"w": torch.ones(2), "b": torch.ones(1)}, plain)
+    assert error_of("trace", "--example", "mlp", "--input", plain) == \
+        f"input file '{plain}' holds a dict, not a tensor"
+
+
+def test_missing_input_file(tmp_path):
+    missing = tmp_path / "x.pt"
+    assert error_of("trace", "--example", "mlp", "--input", missing) == \
+        f"--input '{missing}': no such file"
+
+
+def test_missing_library(tmp_path):
+    missing = tmp_path / "libnothing.so"
+    assert error_of("trace", "--example", "mlp", "--library", missing) == \
+        f"operator library '{missing}': no such file"
+
+
+def test_not_a_library(tmp_path):
+    junk = tmp_path / "junk.so"
+    junk.write_text("not a shared object")
+    message = error_of("run", junk, "--library", junk)
+    assert message.startswith(f"cannot load operator library '{junk}': "), message
+
+
+def test_no_message_asks_for_a_pytorch_bug_report(tmp_path):
+    state = tmp_path / "state.pt"
+    torch.save({"w": torch.ones(2)}, state)
+    for args in (["trace", "--example", "mlp", "--input", state], ["trace", state, "--input", "2"],
+                 ["trace", tmp_path], ["nosuchcmd"]):
+        result = run(*args, check=False)
+        assert result.returncode != 0
+        assert "report a bug" not in result.stderr.lower(), result.stderr
+
+
+def test_no_check(tmp_path):
+    out = run("trace", "--example", "mlp", "--no-check").stdout
+    assert "not checked against the model (--no-check)" in out
+    j = json.loads(run("trace", "--example", "mlp", "--no-check", "--json").stdout)
+    assert j["max_abs_diff"] is None
+
+
+def test_no_progress_when_not_a_terminal():
+    # stderr is a pipe here: nothing but errors may go there.
+    assert run("trace", "--example", "mlp").stderr == ""
+
+
+# --- forward parameters: defaults, None, numbers, lists ---------------------------------
+
+@pytest.fixture(scope="session")
+def typed_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("typed")
+    code = "\n".join([
+        "from typing import List, Optional",
+        "import torch",
+        "class M(torch.nn.Module):",
+        "    def forward(self, x, mask: Optional[torch.Tensor] = None, scale: float = 2.0,",
+        "                steps: int = 1, shape: Optional[List[int]] = None):",
+        "        for _ in range(steps):",
+        "            x = x * scale",
+        "        if mask is not None:",
+        "            x = x + mask",
+        "        if shape is not None:",
+        "            x = x.reshape(shape)",
+        "        return x",
+        f"torch.jit.script(M()).save({str(out / 'typed.pt')!r})",
+    ])
+    (out / "make.py").write_text(code)
+    subprocess.run([sys.executable, str(out / "make.py")], check=True)
+    return out / "typed.pt"
+
+
+def test_omitted_arguments_take_their_defaults(typed_model):
+    j = json.loads(run("trace", typed_model, "--input", "2x3", "--json").stdout)
+    assert j["ops"].get("aten::mul.Scalar") == 1, j  # steps=1
+    assert "aten::add.Tensor" not in j["ops"]  # mask=None
+    assert j["max_abs_diff"] == 0
+
+
+def test_none_numbers_and_lists(typed_model):
+    j = json.loads(run("trace", typed_model, "--input", "2x3", "--input", "none", "--input", "0.5",
+                       "--input", "3", "--input", "3,2", "--json").stdout)
+    assert j["ops"].get("aten::mul.Scalar") == 3, j
+    assert j["max_abs_diff"] == 0
+    j = json.loads(run("trace", typed_model, "--input", "2x3", "--input", "2x3", "--json").stdout)
+    assert j["ops"].get("aten::add.Tensor") == 1, j
+
+
+def test_typed_input_errors(typed_model):
+    assert error_of("trace", typed_model, "--input", "2x3", "--input", "none", "--input",
+                    "abc") == ("--input 'abc' for parameter 'scale: float = 2.': expected a number "
+                               "such as 0.5")
+    message = error_of("trace", typed_model, "--input", "none")
+    assert message == "--input 'none' for parameter 'x: Tensor': None is not allowed here " \
+                      "(the parameter is not Optional)"
+    message = error_of("trace", typed_model, *["--input", "2"] * 6)
+    assert message.startswith(f"the forward of '{typed_model}' takes 1 to 5 input(s), got 6 "
+                              "--input: forward(x: Tensor, mask: Optional[Tensor] = None, "), message
+
+
+# --- operator libraries and models torchcap cannot capture ----------------------------
+
+def torchvision_ops_library():
+    """torchvision's operator library, from its Python package (nms, roi_align, ...)."""
+    import glob
+    import torchvision
+    found = glob.glob(os.path.join(os.path.dirname(torchvision.__file__), "_C*.so"))
+    assert found, "torchvision ships no _C*.so operator library"
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def detection_model(tmp_path_factory):
+    out = tmp_path_factory.mktemp("detection")
+    code = "\n".join([
+        "import torch, torchvision",
+        "torch.manual_seed(0)",
+        "m = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(",
+        "    weights=None, weights_backbone=None).eval()",
+        f"torch.jit.script(m).save({str(out / 'fasterrcnn.pt')!r})",
+        f"torch.save([torch.rand(3, 64, 80), torch.rand(3, 64, 80)], {str(out / 'images.pt')!r})",
+    ])
+    (out / "make.py").write_text(code)
+    subprocess.run([sys.executable, str(out / "make.py")], check=True)
+    return out
+
+
+def test_model_with_custom_operators_needs_their_library(detection_model):
+    message = error_of("trace", detection_model / "fasterrcnn.pt", "--input",
+                       detection_model / "images.pt")
+    assert message.startswith(f"{detection_model / 'fasterrcnn.pt'} calls the operator "
+                              "torchvision::"), message
+    assert "load the library of the 'torchvision' operators with --library PATH" in message
+
+
+def test_detection_model_ends_in_a_data_dependent_error(detection_model):
+    result = run("trace", detection_model / "fasterrcnn.pt", "--input", detection_model / "images.pt",
+                 "--library", torchvision_ops_library(), check=False)
+    assert result.returncode == 1
+    lines = result.stderr.rstrip("\n").splitlines()
+    assert lines[0].startswith("torchcap: error: the model failed: "), lines[0]
+    assert "reads a tensor's value" in lines[0] and "Keep the computation in tensors" in lines[0]
+    # Where in torchvision's detection code, as a Python traceback.
+    assert any("torchvision/models/detection/" in line for line in lines[1:]), result.stderr
+    assert lines[-2].startswith('  File "') and lines[-1].startswith("    ")
