@@ -8,6 +8,7 @@
 // MobileNetV2 is torchvision's, scripted by Python at run time (skipped if
 // Debian's python3-torchvision is missing).
 #include "bench_util.h"
+#include "counting_allocator.h"
 #include "zoo.h"
 
 #include <torchcap/interpreter.h>
@@ -36,22 +37,7 @@ struct Model {
   std::vector<c10::IValue> inputs;
 };
 
-// Counts the calls to LibTorch's CPU allocator while installed.
-class CountingAllocator final : public c10::Allocator {
- public:
-  CountingAllocator() : inner_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, 200); }
-  ~CountingAllocator() override { c10::SetCPUAllocator(inner_, 200); }
-  c10::DataPtr allocate(size_t n) const override {
-    ++count_;
-    return inner_->allocate(n);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
-  size_t count() const { return count_; }
-
- private:
-  c10::Allocator* inner_;
-  mutable std::atomic<size_t> count_{0};
-};
+using examples::CountingAllocator;
 
 size_t allocations(const std::function<void()>& fn) {
   CountingAllocator counting;

@@ -4,6 +4,7 @@
 #include <torchcap/tracer.h>
 
 #include "cli/memory_view.h"
+#include "counting_allocator.h"
 #include "golden.h"
 #include "sample_graphs.h"
 #include "zoo.h"
@@ -331,23 +332,7 @@ TEST(PlannedInterpreter, RunsEqualUnplannedRunsBitForBitOnTheZoo) {
   }
 }
 
-// Counts what goes through LibTorch's CPU allocator while installed.
-class CountingAllocator final : public c10::Allocator {
- public:
-  CountingAllocator() : inner_(c10::GetCPUAllocator()) { c10::SetCPUAllocator(this, kPriority); }
-  ~CountingAllocator() override { c10::SetCPUAllocator(inner_, kPriority); }
-  c10::DataPtr allocate(size_t n) const override {
-    ++count_;
-    return inner_->allocate(n);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
-  size_t count() const { return count_; }
-
- private:
-  static constexpr uint8_t kPriority = 200;
-  c10::Allocator* inner_;
-  mutable std::atomic<size_t> count_{0};
-};
+using examples::CountingAllocator;
 
 // Every operator has an out variant with a CPU kernel of its own.
 GraphModule all_out_variants() {
