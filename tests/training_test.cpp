@@ -330,3 +330,74 @@ TEST(Training, RefusesInferenceMode) {
 
 }  // namespace
 }  // namespace torchcap
+
+namespace torchcap {
+namespace {
+
+// The signature says what every output of a step is, also once loaded.
+TEST(Training, SignatureNamesEveryOutput) {
+  torch::manual_seed(6);
+  torch::nn::Sequential model(torch::nn::Linear(3, 4), torch::nn::BatchNorm1d(4), torch::nn::Linear(4, 2));
+  at::Tensor x = at::randn({5, 3}), y = at::randn({5, 2});
+  GraphModule step = export_training(model, losses::mse(), {x}, {y}, with(SGD{.lr = 0.1, .momentum = 0.9}));
+  auto check = [](const GraphModule& gm) {
+    TrainingSignature sig = training_signature(gm);
+    ASSERT_EQ(sig.outputs.size(), gm.output_specs.size());
+    EXPECT_EQ(sig.loss, 0u);
+    EXPECT_EQ(sig.outputs[0].role, StepRole::Loss);
+    EXPECT_EQ(sig.count(StepRole::ParameterUpdate), 6u);
+    EXPECT_EQ(sig.count(StepRole::OptimizerState), 6u);
+    EXPECT_EQ(sig.count(StepRole::BufferUpdate), 3u);  // running mean, variance, batch count
+    EXPECT_EQ(sig.parameters, (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias",
+                                                         "2.weight", "2.bias"}));
+    bool found = false;
+    for (const StepOutput& o : sig.outputs) {
+      if (o.role == StepRole::OptimizerState && o.parameter == "2.weight") {
+        EXPECT_EQ(o.state, "momentum_buffer");
+        EXPECT_EQ(o.target, optimizer_state_name("momentum_buffer", "2.weight"));
+        found = true;
+      }
+    }
+    EXPECT_TRUE(found) << sig.str();
+  };
+  check(step);
+  auto path = std::filesystem::temp_directory_path() / "torchcap_signature_step.tcg";
+  save(step, path.string());
+  GraphModule loaded = load(path.string());
+  std::filesystem::remove(path);
+  check(loaded);
+
+  GraphModule grads = export_training(model, losses::mse(), {x}, {y});
+  TrainingSignature sig = training_signature(grads);
+  EXPECT_EQ(sig.count(StepRole::Gradient), 6u);
+  EXPECT_EQ(sig.count(StepRole::ParameterUpdate), 0u);
+  EXPECT_EQ(sig.str().substr(0, 8), "0  loss\n");
+
+  GraphModule inference = trace(model, {x});
+  EXPECT_FALSE(is_training_step(inference));
+  EXPECT_THROW(training_signature(inference), Error);
+}
+
+// igamma has no derivative for its first argument in LibTorch 1.13.
+struct IgammaHeadImpl : torch::nn::Module {
+  IgammaHeadImpl() { fc = register_module("fc", torch::nn::Linear(2, 2)); }
+  at::Tensor forward(at::Tensor x) { return at::igamma(torch::sigmoid(fc->forward(x)) + 0.5, at::ones({2})); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(IgammaHead);
+
+TEST(Training, NamesAnOperatorWithoutDerivative) {
+  IgammaHead model;
+  try {
+    export_training(model, losses::mse(), {at::randn({3, 2})}, {at::randn({3, 2})});
+    FAIL() << "expected a TraceError";
+  } catch (const TraceError& e) {
+    EXPECT_NE(std::string(e.what()).find("the operator aten::igamma has no derivative in LibTorch "
+                                         "(the derivative for 'igamma: input' is not implemented)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace torchcap

@@ -108,6 +108,12 @@ GraphModule export_training(torch::jit::Module& module, const LossFunction& loss
                             const std::vector<c10::IValue>& inputs,
                             const std::vector<c10::IValue>& targets,
                             const TrainingOptions& options = {});
+// For a program whose parameters and buffers are `state` (the Python front
+// end's modules): the caller has checked that it is in training mode.
+GraphModule export_training(const ModuleState& state, const TracedFunction& forward,
+                            const LossFunction& loss, const std::vector<c10::IValue>& inputs,
+                            const std::vector<c10::IValue>& targets,
+                            const TrainingOptions& options = {});
 // For a torch::nn module holder (see trace(Holder&, ...)).
 template <typename Holder, typename = typename Holder::ContainedType>
 GraphModule export_training(Holder& model, const LossFunction& loss,
@@ -122,5 +128,52 @@ GraphModule export_training(Holder& model, const LossFunction& loss,
 
 // The optimizer-state buffer of parameter `parameter` ("exp_avg", "0.weight").
 std::string optimizer_state_name(const std::string& state, const std::string& parameter);
+
+// Note [Roles of a training step's outputs]
+// A step's graph is an exported graph: its outputs are user outputs (the
+// dict of "loss" and, without an optimizer, "gradients") followed by mutation
+// outputs that update attributes (GraphModule::output_specs). What each one
+// is for in training follows from what the file already holds: the user
+// outputs' keys, the attributes' kinds (parameter or buffer) and the
+// optimizer's buffer names (optimizer_state_name). training_signature()
+// derives it once, so that no caller matches names itself, and it works as
+// well on a step loaded from a file as on one just captured.
+enum class StepRole : uint8_t {
+  Loss,             // the step's loss, a 0-dim tensor
+  Gradient,         // the gradient of parameter `parameter` (steps without an optimizer)
+  ParameterUpdate,  // the new value of parameter `parameter`
+  OptimizerState,   // the new value of the optimizer's `state` for `parameter` ("" for "step")
+  BufferUpdate,     // the new value of the model's buffer `target` (BatchNorm's statistics)
+  InputUpdate,      // the new value of input placeholder `target`
+  Output,           // another user output
+};
+
+// "loss", "gradient", "parameter update", "optimizer state", "buffer update",
+// "input update", "output".
+const char* step_role_name(StepRole role);
+
+struct StepOutput {
+  StepRole role = StepRole::Output;
+  std::string target;     // the attribute or placeholder the output is, or updates
+  std::string parameter;  // Gradient, ParameterUpdate, OptimizerState: the parameter
+  std::string state;      // OptimizerState: "momentum_buffer", "exp_avg", "step", ...
+};
+
+struct TrainingSignature {
+  // One per output value of the graph, in the order of the output node.
+  std::vector<StepOutput> outputs;
+  size_t loss = 0;  // the loss's index in `outputs`
+  // The trained parameters, in the order of their gradients or updates.
+  std::vector<std::string> parameters;
+
+  size_t count(StepRole role) const;
+  // One line per output: "2  parameter update  fc.weight".
+  std::string str() const;
+};
+
+// The roles of `step`'s outputs. Throws Error when `step` is not a training
+// step (its user outputs are not a dict with a "loss" tensor).
+TrainingSignature training_signature(const GraphModule& step);
+bool is_training_step(const GraphModule& gm);
 
 }  // namespace torchcap

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <deque>
 #include <type_traits>
 
@@ -215,6 +216,35 @@ void check_loss(const at::Tensor& loss) {
   }
 }
 
+// Note [Operators without a derivative]
+// Autograd records such an operator like any other and fails only when the
+// backward pass reaches it, with "the derivative for 'igamma: input' is not
+// implemented." (derivatives.yaml's not_implemented, naming the operator and
+// sometimes the argument) or "derivative for aten::foo is not implemented"
+// (an operator derivatives.yaml does not list). The operator's name is taken
+// from that text to say what to do; the text itself is kept.
+std::string no_derivative_message(const std::string& what) {
+  std::string op;
+  for (const char* marker : {"derivative for '", "derivative for "}) {
+    size_t at = what.find(marker);
+    if (at == std::string::npos) continue;
+    size_t begin = at + std::strlen(marker);
+    size_t end = what.find_first_of("': ", begin);
+    op = what.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    break;
+  }
+  std::string reason = what.substr(0, what.find('\n'));
+  while (!reason.empty() && (reason.back() == '.' || reason.back() == ' ')) reason.pop_back();
+  if (op.empty()) {
+    return "export_training: an operator between the parameters and the loss has no derivative ("
+           + reason + "); compute it on detached tensors or replace it";
+  }
+  if (op.find("::") == std::string::npos) op = "aten::" + op;
+  return "export_training: the operator " + op + " has no derivative in LibTorch (" + reason +
+         "), and the loss depends on it through a trained parameter; compute it on detached "
+         "tensors (outside the gradient's path) or replace it with an operator that has one";
+}
+
 // Every state tensor the trace may write, cloned, to be put back afterwards:
 // capturing runs a step for real, and the model must not have taken it.
 class Restore {
@@ -286,6 +316,8 @@ GraphModule capture(ModuleState state, bool training, const TracedFunction& forw
                                       /*create_graph=*/false, /*allow_unused=*/true);
       } catch (const Error&) {
         throw;
+      } catch (const c10::NotImplementedError& e) {
+        throw TraceError(no_derivative_message(e.what_without_backtrace()));
       } catch (const c10::Error& e) {
         throw TraceError(std::string("export_training: backward failed: ") + e.what_without_backtrace());
       }
@@ -330,6 +362,13 @@ GraphModule export_training(torch::nn::Module& module, const TracedFunction& for
                  options);
 }
 
+GraphModule export_training(const ModuleState& state, const TracedFunction& forward,
+                            const LossFunction& loss, const std::vector<c10::IValue>& inputs,
+                            const std::vector<c10::IValue>& targets,
+                            const TrainingOptions& options) {
+  return capture(state, /*training=*/true, forward, loss, inputs, targets, options);
+}
+
 GraphModule export_training(torch::jit::Module& module, const LossFunction& loss,
                             const std::vector<c10::IValue>& inputs,
                             const std::vector<c10::IValue>& targets,
@@ -340,6 +379,113 @@ GraphModule export_training(torch::jit::Module& module, const LossFunction& loss
   };
   return capture(ModuleState::of(module), module.is_training(), forward, loss, inputs, targets,
                  options);
+}
+
+// --- The signature of a step (Note [Roles of a training step's outputs]) ---
+
+const char* step_role_name(StepRole role) {
+  switch (role) {
+    case StepRole::Loss: return "loss";
+    case StepRole::Gradient: return "gradient";
+    case StepRole::ParameterUpdate: return "parameter update";
+    case StepRole::OptimizerState: return "optimizer state";
+    case StepRole::BufferUpdate: return "buffer update";
+    case StepRole::InputUpdate: return "input update";
+    case StepRole::Output: return "output";
+  }
+  return "?";
+}
+
+size_t TrainingSignature::count(StepRole role) const {
+  size_t n = 0;
+  for (const StepOutput& o : outputs) n += o.role == role ? 1 : 0;
+  return n;
+}
+
+std::string TrainingSignature::str() const {
+  std::string out;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const StepOutput& o = outputs[i];
+    std::string what = o.role == StepRole::OptimizerState
+                           ? o.state + (o.parameter.empty() ? "" : " of " + o.parameter)
+                       : o.role == StepRole::Loss ? ""
+                                                  : o.target;
+    out += c10::str(i, "  ", step_role_name(o.role), what.empty() ? "" : "  " + what, "\n");
+  }
+  return out;
+}
+
+namespace {
+
+const TreeSpec* loss_spec_of(const GraphModule& gm) {
+  const TreeSpec& out = gm.out_spec;
+  if (out.kind() != TreeSpec::Kind::Dict) return nullptr;
+  for (size_t i = 0; i < out.keys().size(); ++i) {
+    const c10::IValue& key = out.keys()[i];
+    if (key.isString() && key.toStringRef() == "loss" &&
+        out.children()[i].kind() == TreeSpec::Kind::Leaf) {
+      return &out.children()[i];
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool is_training_step(const GraphModule& gm) { return loss_spec_of(gm) != nullptr; }
+
+TrainingSignature training_signature(const GraphModule& step) {
+  if (!is_training_step(step)) {
+    throw Error("not a training step: its outputs are " + step.out_spec.str() +
+                ", not a dict with a 'loss' (export_training makes steps)");
+  }
+  TrainingSignature sig;
+  const TreeSpec& out = step.out_spec;
+  for (size_t i = 0; i < out.keys().size(); ++i) {
+    const c10::IValue& key = out.keys()[i];
+    const TreeSpec& child = out.children()[i];
+    std::string name = key.isString() ? key.toStringRef() : "";
+    if (name == "loss") {
+      sig.loss = sig.outputs.size();
+      sig.outputs.push_back({StepRole::Loss, "loss", "", ""});
+    } else if (name == "gradients" && child.kind() == TreeSpec::Kind::Dict) {
+      for (size_t g = 0; g < child.keys().size(); ++g) {
+        const c10::IValue& parameter = child.keys()[g];
+        if (!parameter.isString() || child.children()[g].kind() != TreeSpec::Kind::Leaf) {
+          throw Error("not a training step: its 'gradients' are not a dict from parameter name "
+                      "to tensor");
+        }
+        sig.outputs.push_back({StepRole::Gradient, parameter.toStringRef(), parameter.toStringRef(), ""});
+        sig.parameters.push_back(parameter.toStringRef());
+      }
+    } else {
+      for (size_t l = 0; l < child.num_leaves(); ++l) sig.outputs.push_back({StepRole::Output, name, "", ""});
+    }
+  }
+  const std::string prefix = "optimizer.";
+  for (size_t i = step.num_user_outputs(); i < step.output_specs.size(); ++i) {
+    const OutputSpec& spec = step.output_specs[i];
+    StepOutput o;
+    o.target = spec.target;
+    if (spec.kind == OutputKind::InputMutation) {
+      o.role = StepRole::InputUpdate;
+    } else if (step.has_attribute(spec.target) &&
+               step.attribute(spec.target).kind == AttributeKind::Parameter) {
+      o.role = StepRole::ParameterUpdate;
+      o.parameter = spec.target;
+      sig.parameters.push_back(spec.target);
+    } else if (spec.target.rfind(prefix, 0) == 0) {
+      o.role = StepRole::OptimizerState;
+      std::string rest = spec.target.substr(prefix.size());
+      size_t dot = rest.find('.');
+      o.state = rest.substr(0, dot);
+      if (dot != std::string::npos) o.parameter = rest.substr(dot + 1);
+    } else {
+      o.role = StepRole::BufferUpdate;
+    }
+    sig.outputs.push_back(std::move(o));
+  }
+  return sig;
 }
 
 }  // namespace torchcap
