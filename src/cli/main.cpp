@@ -5,6 +5,8 @@
 //   torchcap examples
 //   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]
 //   torchcap run FILE.tcg [--input ...] [--json]
+//   torchcap trace MODEL.pt --train --loss mse --input ... --target ... [--optimizer adam] -o STEP.tcg
+//   torchcap run STEP.tcg --steps N --input ... [-o TRAINED.tcg]   (train.cpp)
 // trace, show and run take --library PATH (repeatable): operator libraries
 // to load first, such as torchvision's _C.so for torchvision::nms.
 #include <torchcap/error.h>
@@ -18,6 +20,7 @@
 #include <torchcap/tracer.h>
 
 #include "cli/cli_inputs.h"
+#include "cli/commands.h"
 #include "cli/memory_view.h"
 #include "serialize/format.h"
 #include "zoo.h"
@@ -164,6 +167,8 @@ void check_model_file(const std::string& path) {
   }
 }
 
+}  // namespace
+
 // torch::jit::load, with LibTorch's message on operators no loaded library
 // defines turned into what to do about it.
 torch::jit::Module load_torchscript(const std::string& path) {
@@ -222,6 +227,8 @@ std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string
   for (size_t i = 0; i < specs.size(); ++i) values.push_back(parse_argument(specs[i], params[i]));
   return values;
 }
+
+namespace {
 
 Program load_program(const TraceCommand& cmd, Progress& progress) {
   Program p;
@@ -522,6 +529,9 @@ int main_impl(int argc, char** argv) {
   trace_cmd->add_flag("--json", trace_args.as_json, "print one JSON object");
   trace_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
 
+  TrainCommand train_args;
+  add_train_options(*trace_cmd, train_args);
+
   app.add_subcommand("examples", "list the built-in examples");
 
   CLI::App* show_cmd = app.add_subcommand("show", "show a saved graph");
@@ -546,6 +556,9 @@ int main_impl(int argc, char** argv) {
   run_cmd->add_option("--library", libraries, library_help);
   run_cmd->add_flag("--json", as_json, "print one JSON object");
   run_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
+  int64_t steps = 0;
+  run_cmd->add_option("--steps", steps, "run a training step (trace --train) N times, printing each "
+                      "step's loss; -o then saves the trained step");
 
   try {
     check_command(argc, argv);
@@ -560,12 +573,20 @@ int main_impl(int argc, char** argv) {
   check_not_empty(show_cmd, "--svg", svg);
   for (const std::string& library : libraries) load_library(library);
   at::manual_seed(seed);
+  if (trace_cmd->parsed() && (train_args.train || train_options_given(*trace_cmd))) {
+    if (!train_args.train) throw Error("--loss, --target and the optimizer's options need --train");
+    if (!trace_args.example.empty()) throw Error("--train takes a TorchScript file, not --example");
+    if (trace_args.inference) throw Error("--train and --inference exclude each other: training needs autograd");
+    return cmd_trace_train(trace_args.model, trace_args.inputs, train_args, trace_args.output,
+                           !no_check, trace_args.as_json, *trace_cmd);
+  }
   if (trace_cmd->parsed()) {
     trace_args.check = !no_check;
     return cmd_trace(trace_args);
   }
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
+  if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, steps, output, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, output, as_json);
   return cmd_examples();
 }

@@ -1,0 +1,62 @@
+// What the commands of src/cli share: loading TorchScript files and reading
+// their forward's inputs (defined in main.cpp), and the training commands
+// (train.cpp).
+#pragma once
+
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+namespace torch::jit {
+struct Module;
+}
+
+namespace torchcap::cli {
+
+// torch::jit::load of `path`, after checking that it is a TorchScript file;
+// operators no loaded library defines are reported with what to do.
+torch::jit::Module load_torchscript(const std::string& path);
+// The forward's parameters, without `self`.
+std::vector<c10::Argument> forward_parameters(torch::jit::Module& m);
+// The --input values by the forward's declared parameter types (cli_inputs.h).
+std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string& name,
+                                        const std::vector<std::string>& specs);
+
+// `torchcap trace --train`: the training step of a TorchScript model.
+struct TrainCommand {
+  bool train = false;
+  std::string loss;  // "cross-entropy", "mse" or "model"
+  std::vector<std::string> targets;
+  std::string optimizer = "sgd";  // "sgd", "adam", "adamw" or "none"
+  double lr = -1;                 // the optimizer's default when not given
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = -1;  // the optimizer's default when not given
+  bool nesterov = false;
+  std::vector<double> betas;
+  double eps = 1e-8;
+  bool amsgrad = false;
+};
+
+// Adds --train and the loss, target and optimizer options to `trace`.
+void add_train_options(CLI::App& trace, TrainCommand& cmd);
+// Whether any of those options was given (they need --train).
+bool train_options_given(const CLI::App& trace);
+// Captures, checks against eager training with torch::optim (unless
+// !check) and saves the step.
+// `trace` is the parsed command: options of other optimizers are refused.
+int cmd_trace_train(const std::string& model, const std::vector<std::string>& inputs,
+                    const TrainCommand& cmd, const std::string& output, bool check, bool as_json,
+                    const CLI::App& trace);
+
+// `torchcap run --steps N`: N training steps of a saved step; the loss of
+// each step, and with `output` the trained step saved.
+int cmd_run_steps(const std::string& file, const std::vector<std::string>& inputs, int64_t steps,
+                  const std::string& output, bool as_json);
+
+}  // namespace torchcap::cli

@@ -1,0 +1,353 @@
+"""The command's training: `trace --train` captures a TorchScript model's
+training step, `run --steps` trains with it; both against eager training with
+torch.optim, and their errors."""
+
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+import torch
+
+TORCHCAP = os.environ["TORCHCAP_CLI"]
+
+
+def run(*args, check=True):
+    result = subprocess.run([TORCHCAP, *map(str, args)], capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"torchcap {' '.join(map(str, args))} failed:\n{result.stderr}")
+    return result
+
+
+def error_of(*args, code=1):
+    """Runs a failing command; returns its single stderr line."""
+    result = run(*args, check=False)
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
+    assert lines[0].startswith("torchcap: error: "), lines[0]
+    assert "Exception raised from" not in result.stderr and "frame #" not in result.stderr
+    assert "report a bug" not in result.stderr.lower()
+    return lines[0][len("torchcap: error: "):]
+
+
+# Models scripted by python3 at test time: (name, class source, train mode).
+MODELS = {
+    "classifier": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+""", True),
+    "cnn_bn": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 2)
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.relu(self.bn(self.conv(x))), 1))
+""", True),
+    "eval_mode": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, x):
+        return self.fc(x)
+""", False),
+    "unused_head": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 4)
+        self.head = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        return self.body(x)
+""", True),
+    # igamma has no derivative for its first argument in LibTorch 1.13.
+    "igamma": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, x):
+        return torch.igamma(torch.sigmoid(self.fc(x)) + 0.5, torch.ones(4))
+""", True),
+    "own_loss": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.fc(x), y)
+""", True),
+    "per_element_loss": ("""
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, x, y):
+        return (self.fc(x) - y) ** 2
+""", True),
+    "pair": ("""
+from typing import Tuple
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+    def forward(self, x) -> Tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        return y, y
+""", True),
+}
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train_models")
+    lines = ["import torch"]
+    for name, (source, train) in MODELS.items():
+        lines += [source.replace("class M(", f"class {name}_M("),
+                  "torch.manual_seed(0)",
+                  f"m = {name}_M()",
+                  "m.train()" if train else "m.eval()",
+                  f"torch.jit.script(m).save({str(out / (name + '.pt'))!r})"]
+    (out / "make.py").write_text("\n".join(lines))
+    subprocess.run([sys.executable, str(out / "make.py")], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory):
+    """x (8 x 8) and class indices y (8) in files, for the classifier."""
+    out = tmp_path_factory.mktemp("train_data")
+    torch.manual_seed(1)
+    torch.save(torch.randn(8, 8), out / "x.pt")
+    torch.save(torch.randint(0, 4, (8,)), out / "y.pt")
+    torch.save(torch.randn(8, 4), out / "y_regression.pt")
+    torch.save(torch.tensor([0, 1, 2, 3, 4, 0, 1, 2]), out / "y_out_of_range.pt")
+    return out
+
+
+def eager_steps(model_file, x, y, loss_fn, make_optimizer, steps):
+    """Losses of `steps` steps of eager training with torch.optim, and the final state."""
+    m = torch.jit.load(str(model_file))
+    m.train()
+    opt = make_optimizer([p for p in m.parameters()])
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = loss_fn(m(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, m
+
+
+# --- trace --train -------------------------------------------------------------
+
+def test_trace_train_text(models, data, tmp_path):
+    out = run("trace", models / "classifier.pt", "--train", "--loss", "cross-entropy",
+              "--input", data / "x.pt", "--target", data / "y.pt", "--optimizer", "sgd",
+              "--lr", "0.1", "--momentum", "0.9", "-o", tmp_path / "step.tcg").stdout
+    lines = out.splitlines()
+    assert lines[0].startswith(f"captured a training step of {models / 'classifier.pt'} "
+                               "(cross-entropy loss, SGD lr=0.1 momentum=0.9): "), lines[0]
+    assert lines[1] == "outputs: loss, 4 parameter updates, 4 optimizer state updates"
+    assert lines[2].startswith("one step against eager LibTorch and torch::optim: loss ")
+    assert lines[2].endswith("max |step - eager| = 0"), lines[2]
+    assert lines[3] == f"saved {tmp_path / 'step.tcg'}"
+
+
+@pytest.mark.parametrize("optimizer", [
+    ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.01"],
+    ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--nesterov"],
+    ["--optimizer", "adam", "--lr", "0.01"],
+    ["--optimizer", "adamw", "--lr", "0.01", "--betas", "0.8,0.99", "--amsgrad"],
+    ["--optimizer", "none"],
+])
+def test_trace_train_equals_eager_step(models, optimizer):
+    j = json.loads(run("trace", models / "cnn_bn.pt", "--train", "--loss", "mse", "--input",
+                       "3x3x6x6", "--target", "3x2", *optimizer, "--json").stdout)
+    assert j["max_abs_diff"] <= 1e-6, j
+    assert j["roles"]["loss"] == 1
+    if optimizer[1] == "none":
+        assert j["roles"]["gradient"] == 6 and j["roles"]["parameter update"] == 0
+    else:
+        assert j["roles"]["parameter update"] == 6
+        # BatchNorm's running mean, variance and batch count.
+        assert j["roles"]["buffer update"] == 3
+
+
+def test_cross_entropy_random_targets_are_classes_of_the_model(models):
+    # 10 random classes drawn for 4 outputs would fail in the loss.
+    j = json.loads(run("trace", models / "classifier.pt", "--train", "--loss", "cross-entropy",
+                       "--input", "64x8", "--target", "64", "--json").stdout)
+    assert j["max_abs_diff"] == 0
+
+
+def test_loss_computed_by_the_model(models, tmp_path):
+    j = json.loads(run("trace", models / "own_loss.pt", "--train", "--loss", "model", "--input",
+                       "5x8", "--input", "5x4", "--optimizer", "adam", "--json").stdout)
+    assert j["max_abs_diff"] == 0 and j["loss"] == "model"
+
+
+# --- run --steps ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def classifier_step(models, data, tmp_path_factory):
+    path = tmp_path_factory.mktemp("step") / "step.tcg"
+    run("trace", models / "classifier.pt", "--train", "--loss", "cross-entropy", "--input",
+        data / "x.pt", "--target", data / "y.pt", "--lr", "0.1", "--momentum", "0.9", "-o", path)
+    return path
+
+
+def test_run_steps_equals_torch_optim(models, data, classifier_step):
+    j = json.loads(run("run", classifier_step, "--steps", "20", "--input", data / "x.pt",
+                       "--input", data / "y.pt", "--json").stdout)
+    assert j["steps"] == 20 and len(j["losses"]) == 20 and j["time_ms"] > 0
+    x, y = torch.load(data / "x.pt"), torch.load(data / "y.pt")
+    expected, _ = eager_steps(models / "classifier.pt", x, y, torch.nn.functional.cross_entropy,
+                              lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 20)
+    assert j["losses"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert j["losses"][-1] < j["losses"][0] / 2
+
+
+def test_run_steps_lines_and_saved_training(models, data, classifier_step, tmp_path):
+    out = run("run", classifier_step, "--steps", "3", "--input", data / "x.pt", "--input",
+              data / "y.pt", "-o", tmp_path / "trained.tcg").stdout.splitlines()
+    assert [line.split(":")[0] for line in out[:3]] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert all(line.split(": loss ")[1] for line in out[:3])
+    assert out[3].startswith("3 steps in ") and " -> " in out[3]
+    assert out[4] == f"saved the trained step to {tmp_path / 'trained.tcg'}"
+    # The saved step goes on where it stopped: 3 + 2 steps are 5 steps.
+    five = json.loads(run("run", classifier_step, "--steps", "5", "--input", data / "x.pt",
+                          "--input", data / "y.pt", "--json").stdout)["losses"]
+    more = json.loads(run("run", tmp_path / "trained.tcg", "--steps", "2", "--input",
+                          data / "x.pt", "--input", data / "y.pt", "--json").stdout)["losses"]
+    assert more == five[3:]
+    # ... and the trained parameters are the eager ones after 3 steps.
+    x, y = torch.load(data / "x.pt"), torch.load(data / "y.pt")
+    _, eager = eager_steps(models / "classifier.pt", x, y, torch.nn.functional.cross_entropy,
+                           lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), 3)
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+    import torchcap
+    trained = dict(torchcap.load(tmp_path / "trained.tcg").named_parameters())
+    for name, p in eager.named_parameters():
+        assert torch.allclose(trained[name], p, rtol=1e-5, atol=1e-6), name
+
+
+def test_run_steps_progress_bar_on_a_terminal(data, classifier_step):
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(TORCHCAP, [TORCHCAP, "run", str(classifier_step), "--steps", "4", "--input",
+                            str(data / "x.pt"), "--input", str(data / "y.pt")])
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    text = b"".join(chunks).decode()
+    assert "\r\x1b[K[" in text and "step 4/4" in text
+    assert "step 1/4: loss" not in text  # no plain lines on a terminal
+
+
+# --- errors --------------------------------------------------------------------
+
+def test_model_in_eval_mode(models):
+    message = error_of("trace", models / "eval_mode.pt", "--train", "--loss", "mse", "--input",
+                       "2x8", "--target", "2x4")
+    assert message.startswith(f"{models / 'eval_mode.pt'} is in eval mode"), message
+    assert "call .train() on the model before torch.jit.save" in message
+
+
+def test_loss_not_a_scalar(models):
+    message = error_of("trace", models / "per_element_loss.pt", "--train", "--loss", "model",
+                       "--input", "3x8", "--input", "3x4")
+    assert message == ("export_training: the loss must be a tensor with one element; it has "
+                       "shape [3, 4]"), message
+
+
+def test_parameters_without_gradient_are_named(models):
+    message = error_of("trace", models / "unused_head.pt", "--train", "--loss", "mse", "--input",
+                       "2x8", "--target", "2x4")
+    assert "no gradient reaches parameter(s) head.weight, head.bias" in message, message
+
+
+def test_operator_without_derivative(models):
+    message = error_of("trace", models / "igamma.pt", "--train", "--loss", "mse", "--input",
+                       "2x8", "--target", "2x4")
+    assert message.startswith("export_training: the operator aten::igamma has no derivative in "
+                              "LibTorch (the derivative for 'igamma: input' is not implemented)"), \
+        message
+    assert "compute it on detached tensors" in message
+
+
+def test_wrong_target_shapes(models, data):
+    message = error_of("trace", models / "classifier.pt", "--train", "--loss", "mse", "--input",
+                       "2x8", "--target", "2x5")
+    assert message == ("--target '2x5': MSE compares the model's output, of shape [2, 4], with a "
+                       "target of the same shape; the target has shape [2, 5]")
+    message = error_of("trace", models / "classifier.pt", "--train", "--loss", "cross-entropy",
+                       "--input", "2x8", "--target", "3")
+    assert message == ("--target '3': cross-entropy takes class indices of shape [2] (the output's "
+                       "shape [2, 4] without its class dimension) with values in [0, 4), or class "
+                       "probabilities of shape [2, 4]; the target has shape [3]")
+    message = error_of("trace", models / "classifier.pt", "--train", "--loss", "cross-entropy",
+                       "--input", data / "x.pt", "--target", data / "y_out_of_range.pt")
+    assert message == (f"--target '{data / 'y_out_of_range.pt'}': class index 4 is out of range: "
+                       "the model's output has 4 classes")
+
+
+def test_wrong_target_for_run_steps(data, classifier_step):
+    message = error_of("run", classifier_step, "--steps", "2", "--input", data / "x.pt",
+                       "--input", "5:int64")
+    assert "ph_1" in message or "input 1" in message, message
+    assert "[5]" in message and "[8]" in message, message
+
+
+def test_target_and_loss_mistakes(models):
+    assert error_of("trace", models / "classifier.pt", "--train", "--input", "2x8") == (
+        "trace --train: choose the loss with --loss cross-entropy, --loss mse or --loss model")
+    assert error_of("trace", models / "classifier.pt", "--train", "--loss", "mse", "--input",
+                    "2x8") == "--loss mse takes one --target, got 0"
+    assert error_of("trace", models / "classifier.pt", "--loss", "mse", "--input", "2x8") == (
+        "--loss, --target and the optimizer's options need --train")
+    assert error_of("trace", models / "pair.pt", "--train", "--loss", "mse", "--input", "2x8",
+                    "--target", "2x4").startswith("--loss mse needs a model that returns one tensor")
+    assert error_of("trace", models / "own_loss.pt", "--train", "--loss", "model", "--input", "2x8",
+                    "--input", "2x4", "--target", "2x4").startswith("--loss model takes no --target")
+
+
+def test_optimizer_option_mistakes(models):
+    base = ["trace", models / "classifier.pt", "--train", "--loss", "mse", "--input", "2x8",
+            "--target", "2x4"]
+    assert error_of(*base, "--optimizer", "adam", "--momentum", "0.9") == (
+        "--momentum is not an option of --optimizer adam (it takes --lr, --betas, --eps, "
+        "--weight-decay, --amsgrad)")
+    assert error_of(*base, "--lr", "-1") == "--lr must be a positive number, got -1"
+    assert error_of(*base, "--optimizer", "adam", "--betas", "0.9") == (
+        "--betas takes two numbers, e.g. --betas 0.9,0.999")
+    assert error_of(*base, "--nesterov") == (
+        "--nesterov needs a --momentum above 0 and no --dampening (as torch::optim::SGD)")
+    assert "--optimizer" in error_of(*base, "--optimizer", "rmsprop", code=2)
+
+
+def test_steps_on_a_graph_that_is_not_a_step(tmp_path):
+    run("trace", "--example", "mlp", "-o", tmp_path / "mlp.tcg")
+    message = error_of("run", tmp_path / "mlp.tcg", "--steps", "3", "--input", "4x16")
+    assert message.startswith(f"'{tmp_path / 'mlp.tcg'}' is not a training step"), message
+    assert error_of("run", tmp_path / "mlp.tcg", "--steps", "0") == "--steps must be 1 or more, got 0"
