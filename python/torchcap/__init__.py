@@ -7,6 +7,8 @@ graphs captured and saved in C++.
     torchcap.save(ep, "model.tcg")     # torchcap::load + Interpreter run it in C++
     gm = torchcap.load("model.tcg")    # a torch.fx.GraphModule
     out = gm(x)
+    step = torchcap.export_training(model, loss_fn, (x,), (y,), optimizer=opt)
+    loss = step(x, y)["loss"]          # one training step, parameters updated
 
 Tracing needs the compiled part, torchcap._C. The loader is pure Python; it
 needs only torch (1.13) and reads the `.tcg` format described in
@@ -16,6 +18,7 @@ docs/FORMAT.md.
 from torchcap._errors import Error, TraceError
 from torchcap._load import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION, load
 from torchcap._trace import dispatch_trace, export, save, trace
+from torchcap._training import export_training
 
-__all__ = ["trace", "export", "dispatch_trace", "save", "load", "Error", "TraceError",
-           "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]
+__all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load", "Error",
+           "TraceError", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]

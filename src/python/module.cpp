@@ -17,6 +17,7 @@
 #include <torchcap/graph_module.h>
 #include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
+#include <torchcap/training.h>
 
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
@@ -192,6 +193,102 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   GraphModule gm = r.export_program ? export_program(state, fn, inputs, options)
                                     : trace(state, fn, inputs, options);
   return std::make_unique<GraphModule>(std::move(gm));
+}
+
+// --- Training steps -------------------------------------------------------------
+
+// torchcap.export_training's optimizer: ("none" | "sgd" | "adam" | "adamw",
+// its hyperparameters by torch.optim's names).
+Optimizer optimizer_of(const std::string& kind, const py::dict& o) {
+  auto number = [&](const char* key, double fallback) {
+    return o.contains(key) ? o[key].cast<double>() : fallback;
+  };
+  auto flag = [&](const char* key) { return o.contains(key) && o[key].cast<bool>(); };
+  if (kind == "none") return GradientsOnly{};
+  if (kind == "sgd") {
+    return SGD{number("lr", 0.01), number("momentum", 0), number("dampening", 0),
+               number("weight_decay", 0), flag("nesterov")};
+  }
+  std::pair<double, double> betas{0.9, 0.999};
+  if (o.contains("betas")) betas = o["betas"].cast<std::pair<double, double>>();
+  if (kind == "adam") {
+    return Adam{number("lr", 1e-3), betas.first, betas.second, number("eps", 1e-8),
+                number("weight_decay", 0), flag("amsgrad")};
+  }
+  if (kind == "adamw") {
+    return AdamW{number("lr", 1e-3), betas.first, betas.second, number("eps", 1e-8),
+                 number("weight_decay", 1e-2), flag("amsgrad")};
+  }
+  throw Error("torchcap.export_training: unknown optimizer kind '" + kind + "'");
+}
+
+struct TrainingRequest {
+  py::object forward;  // module(*args)
+  py::object loss;     // loss_fn(outputs, *targets)
+  std::vector<std::pair<std::string, py::object>> parameters;
+  std::vector<std::pair<std::string, py::object>> buffers;
+  py::tuple args;
+  py::tuple targets;
+  std::string optimizer;
+  py::dict optimizer_options;
+  bool record_stack_traces = true;
+  std::vector<std::string> internal_dirs;
+  std::vector<std::tuple<py::object, std::string, std::string>> modules;
+};
+
+std::unique_ptr<GraphModule> run_training(TrainingRequest& r) {
+  ModuleState state = module_state(r.parameters, r.buffers);
+  std::vector<c10::IValue> inputs, targets;
+  for (size_t i = 0; i < r.args.size(); ++i) {
+    inputs.push_back(to_ivalue(r.args[i], "args[" + std::to_string(i) + "]"));
+  }
+  for (size_t i = 0; i < r.targets.size(); ++i) {
+    targets.push_back(to_ivalue(r.targets[i], "targets[" + std::to_string(i) + "]"));
+  }
+  TrainingOptions options;
+  options.optimizer = optimizer_of(r.optimizer, r.optimizer_options);
+
+  PyFrameObject* caller = PyThreadState_GetFrame(PyThreadState_Get());
+  PythonSource source(r.internal_dirs, py::reinterpret_steal<py::object>(
+                                           reinterpret_cast<PyObject*>(caller)));
+  for (auto& [module, path, type] : r.modules) source.add_module(module, path, type);
+  PythonSource::Scope scope(&source);
+  options.trace.record_stack_traces = r.record_stack_traces;
+  if (r.record_stack_traces) {
+    options.trace.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
+  }
+
+  TracedFunction forward = [&r](std::vector<c10::IValue> in) -> c10::IValue {
+    py::gil_scoped_acquire gil;
+    py::tuple args(in.size());
+    for (size_t i = 0; i < in.size(); ++i) args[i] = torch::jit::toPyObject(std::move(in[i]));
+    return to_ivalue(r.forward(*args), "output");
+  };
+  LossFunction loss = [&r](const c10::IValue& outputs, const std::vector<c10::IValue>& targets) {
+    py::gil_scoped_acquire gil;
+    py::tuple args(targets.size() + 1);
+    args[0] = torch::jit::toPyObject(outputs);
+    for (size_t i = 0; i < targets.size(); ++i) args[i + 1] = torch::jit::toPyObject(targets[i]);
+    py::object value = r.loss(*args);
+    if (!THPVariable_Check(value.ptr())) {
+      throw_trace_error("torchcap.export_training: loss_fn must return a tensor (the loss); it "
+                        "returned a " + type_name(value));
+    }
+    return THPVariable_Unpack(value.ptr());
+  };
+
+  py::gil_scoped_release no_gil;
+  GraphModule gm = export_training(state, forward, loss, inputs, targets, options);
+  return std::make_unique<GraphModule>(std::move(gm));
+}
+
+// [(role, target, parameter, state)] per output (training.h).
+py::list signature_of(const GraphModule& gm) {
+  py::list out;
+  for (const StepOutput& o : training_signature(gm).outputs) {
+    out.append(py::make_tuple(step_role_name(o.role), o.target, o.parameter, o.state));
+  }
+  return out;
 }
 
 // --- The torch.fx graph -------------------------------------------------------
@@ -523,6 +620,7 @@ PYBIND11_MODULE(_C, m) {
       .def("num_nodes", [](const GraphModule& gm) { return gm.graph().size(); })
       .def("__str__", [](const GraphModule& gm) { return gm.str(); })
       .def("code_with_source", [](const GraphModule& gm) { return gm.str(true); })
+      .def("training_signature", &signature_of)
       // The C++ module is immutable once made: copies of a torch.fx module share it.
       .def("__copy__", [](py::object self) { return self; })
       .def("__deepcopy__", [](py::object self, py::object) { return self; });
@@ -553,6 +651,25 @@ PYBIND11_MODULE(_C, m) {
       py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
       py::arg("export_program"), py::arg("inference"), py::arg("preserve"),
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
+      py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list());
+
+  m.def(
+      "export_training",
+      [](py::object forward, py::object loss, std::vector<std::pair<std::string, py::object>> parameters,
+         std::vector<std::pair<std::string, py::object>> buffers, py::tuple args, py::tuple targets,
+         std::string optimizer, py::dict optimizer_options, bool record_stack_traces,
+         std::vector<std::string> internal_dirs,
+         std::vector<std::tuple<py::object, std::string, std::string>> modules) {
+        TrainingRequest r{std::move(forward),        std::move(loss),
+                          std::move(parameters),     std::move(buffers),
+                          std::move(args),           std::move(targets),
+                          std::move(optimizer),      std::move(optimizer_options),
+                          record_stack_traces,       std::move(internal_dirs),
+                          std::move(modules)};
+        return run_training(r);
+      },
+      py::arg("forward"), py::arg("loss"), py::arg("parameters"), py::arg("buffers"),
+      py::arg("args"), py::arg("targets"), py::arg("optimizer"), py::arg("optimizer_options"),
       py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list());
 
   // Global module forward hooks (installed by torchcap._trace while a trace

@@ -1,0 +1,135 @@
+"""Capturing a training step of a Python nn.Module with the C++ tracer.
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    step = torchcap.export_training(model, F.cross_entropy, (x,), (y,), optimizer=opt)
+    for x, y in batches:
+        loss = step(x, y)["loss"]       # forward, backward and the optimizer's update
+    torchcap.save(step, "step.tcg")     # trains on in C++ (Interpreter) or Python
+
+The step is one functional graph of aten operators: the forward, the
+backward autograd ran, and the optimizer's update written with the same
+operators as torch.optim's. The parameters, the optimizer's state (buffers
+named optimizer.<state>.<parameter>, and optimizer.step) and the model's
+buffers are the returned module's own tensors, updated by each call.
+"""
+
+import torch
+
+from torchcap._errors import Error, TraceError
+from torchcap._trace import (_INTERNAL_DIRS, _ModuleStackHooks, _as_trace_error, _attribute,
+                             _check_args, _module_names, _require_C, _set_tensor, _to_fx)
+
+try:
+    from torchcap import _C
+except ImportError:
+    _C = None
+
+# torch.optim's hyperparameters each supported optimizer keeps in its group,
+# and the values the captured update implements for the rest.
+_SUPPORTED = {
+    torch.optim.SGD: ("sgd", ("lr", "momentum", "dampening", "weight_decay", "nesterov")),
+    torch.optim.Adam: ("adam", ("lr", "betas", "eps", "weight_decay", "amsgrad")),
+    torch.optim.AdamW: ("adamw", ("lr", "betas", "eps", "weight_decay", "amsgrad")),
+}
+_MUST_BE_OFF = ("maximize", "differentiable", "capturable")
+
+
+def _optimizer_spec(optimizer, module):
+    """("none" | "sgd" | "adam" | "adamw", {hyperparameter: value})."""
+    if optimizer is None:
+        return "none", {}
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"torchcap.export_training: optimizer must be a torch.optim.SGD, Adam or "
+                        f"AdamW (or None for gradients), not a {type(optimizer).__name__}")
+    kind = _SUPPORTED.get(type(optimizer))
+    if kind is None:
+        raise Error(f"torchcap.export_training: {type(optimizer).__name__} is not supported; a "
+                    f"captured step implements SGD, Adam and AdamW")
+    if len(optimizer.param_groups) != 1:
+        raise Error(f"torchcap.export_training: the optimizer has {len(optimizer.param_groups)} "
+                    f"parameter groups; a captured step takes one")
+    group = optimizer.param_groups[0]
+    for option in _MUST_BE_OFF:
+        if group.get(option):
+            raise Error(f"torchcap.export_training: the optimizer's {option}=True is not supported")
+    if optimizer.state:
+        raise Error("torchcap.export_training: the optimizer has already taken steps; the "
+                    "captured step starts from a fresh optimizer's state")
+    names = {id(p): name for name, p in module.named_parameters()}
+    held = {id(p) for p in group["params"]}
+    trained = [name for name, p in module.named_parameters() if p.requires_grad]
+    missing = [name for name, p in module.named_parameters() if p.requires_grad and id(p) not in held]
+    foreign = [p for p in group["params"] if id(p) not in names]
+    if missing or foreign:
+        what = (f"misses {', '.join(missing)}" if missing else
+                f"holds {len(foreign)} tensor(s) that are not the module's parameters")
+        raise Error(f"torchcap.export_training: the optimizer must hold exactly the module's "
+                    f"trainable parameters ({len(trained)}); it {what}")
+    name, keys = kind
+    return name, {k: group[k] for k in keys}
+
+
+def export_training(module, loss_fn, args, targets, *, optimizer=None, record_stack_traces=True):
+    """Captures one training step of `module` as a torch.fx.GraphModule.
+
+    module: an nn.Module in training mode. loss_fn(outputs, *targets) returns
+    the loss, a tensor with one element (torch.nn.functional.cross_entropy,
+    an nn.MSELoss(), ...). args, targets: tuples of example inputs and
+    targets; the step takes (*args, *targets).
+    optimizer: a torch.optim.SGD, Adam or AdamW made on the module's
+    trainable parameters (one parameter group, no steps taken yet), whose
+    hyperparameters the step uses; or None, for a step that returns every
+    parameter's gradient and updates nothing.
+
+    Calling the result runs one step: it returns {"loss": loss} (and
+    "gradients" without an optimizer) and updates its parameters, the
+    optimizer's state and the model's buffers in place, as
+    `optimizer.zero_grad(); loss_fn(module(*args), *targets).backward();
+    optimizer.step()` does. Capturing leaves `module` as it was, and the
+    step trains copies of its parameters and buffers (step.named_parameters(),
+    step.named_buffers(); the optimizer's state is among the buffers). Its
+    `training_signature` lists each output's role as (role, target,
+    parameter, state): "loss", "gradient", "parameter update", "optimizer
+    state", "buffer update".
+
+    Raises TraceError when the module is in eval mode, the loss has more than
+    one element, a parameter gets no gradient (named), or an operator has no
+    derivative.
+    """
+    _require_C()
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"torchcap.export_training: module must be an nn.Module, not a "
+                        f"{type(module).__name__}")
+    if not callable(loss_fn):
+        raise TypeError(f"torchcap.export_training: loss_fn must be callable, not a "
+                        f"{type(loss_fn).__name__}")
+    if not module.training:
+        raise TraceError("torchcap.export_training: the module is in eval mode; call train() on "
+                         "it first (dropout and BatchNorm behave differently in training)")
+    args, _ = _check_args(args, None)
+    targets, _ = _check_args(targets, None)
+    kind, options = _optimizer_spec(optimizer, module)
+    parameters = list(module.named_parameters())
+    buffers = list(module.named_buffers())
+    modules = _module_names(module) if record_stack_traces else []
+    try:
+        with _ModuleStackHooks(modules):
+            graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
+                                       options, record_stack_traces, _INTERNAL_DIRS, modules)
+    except RuntimeError as e:
+        error = _as_trace_error(e)
+        if error is None:
+            raise
+        raise error.with_traceback(e.__traceback__) from None
+    step = _to_fx(graph, {})
+    # The step computes its gradients itself: its parameters do not require
+    # grad (autograd would record every call, and refuses some of the backward
+    # operators' arguments), as in torchcap.load's modules. Parameters the
+    # step updates are its own copies; without an optimizer they are the
+    # module's (detached, same storage).
+    for name, kind, _ in graph.attributes():
+        if kind == "parameter":
+            t = _attribute(step, name)
+            _set_tensor(step, name, torch.nn.Parameter(t.detach(), requires_grad=False), True)
+    step.training_signature = [tuple(entry) for entry in graph.training_signature()]
+    return step

@@ -1,0 +1,139 @@
+"""torchcap.export_training: a Python nn.Module's training step, captured by
+the C++ tracer, trains as torch.optim trains it eagerly."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchcap
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.relu(self.bn(self.conv(x))), 1))
+
+
+def batches(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(4, 3, 6, 6, generator=g), torch.randint(0, 5, (4,), generator=g))
+            for _ in range(n)]
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adam_amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=1e-3, amsgrad=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.8, 0.99)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_steps_equal_torch_optim(name):
+    torch.manual_seed(0)
+    model = Classifier().train()
+    eager = copy.deepcopy(model)
+    data = batches(8)
+    make = OPTIMIZERS[name]
+    step = torchcap.export_training(model, F.cross_entropy, (data[0][0],), (data[0][1],),
+                                    optimizer=make(model.parameters()))
+    eager_opt = make(eager.parameters())
+    for x, y in data:
+        eager_opt.zero_grad()
+        loss = F.cross_entropy(eager(x), y)
+        loss.backward()
+        eager_opt.step()
+        got = step(x, y)["loss"]
+        # torch.optim's update, with the same operators: bit for bit.
+        assert torch.equal(got, loss.detach()), (got, loss)
+    state = dict(step.named_parameters())
+    state.update(step.named_buffers())
+    for n, p in eager.named_parameters():
+        assert torch.equal(state[n], p.detach()), n
+    # BatchNorm's running statistics (export's functional BatchNorm may round
+    # the running variance's update differently, by an ulp).
+    for n, b in eager.named_buffers():
+        torch.testing.assert_close(state[n], b, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_signature_names_every_output():
+    torch.manual_seed(0)
+    model = Classifier().train()
+    x, y = batches(1)[0]
+    step = torchcap.export_training(model, F.cross_entropy, (x,), (y,),
+                                    optimizer=torch.optim.Adam(model.parameters()))
+    roles = step.training_signature
+    assert roles[0] == ("loss", "loss", "", "")
+    updates = [r for r in roles if r[0] == "parameter update"]
+    assert sorted(r[2] for r in updates) == sorted(n for n, _ in model.named_parameters())
+    states = {(r[3], r[2]) for r in roles if r[0] == "optimizer state"}
+    assert ("exp_avg", "fc.weight") in states and ("exp_avg_sq", "conv.bias") in states
+    assert ("step", "") in states
+    assert {r[1] for r in roles if r[0] == "buffer update"} == {
+        "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
+
+
+def test_gradients_without_optimizer():
+    torch.manual_seed(0)
+    model = Classifier().train()
+    x, y = batches(1)[0]
+    step = torchcap.export_training(model, F.cross_entropy, (x,), (y,))
+    out = step(x, y)
+    eager = copy.deepcopy(model)
+    F.cross_entropy(eager(x), y).backward()
+    assert set(out["gradients"]) == {n for n, _ in model.named_parameters()}
+    for n, p in eager.named_parameters():
+        torch.testing.assert_close(out["gradients"][n], p.grad, msg=n)
+    assert [r[0] for r in step.training_signature].count("gradient") == 6
+
+
+def test_saved_step_trains_on(tmp_path):
+    torch.manual_seed(0)
+    model = Classifier().train()
+    data = batches(6)
+    step = torchcap.export_training(model, F.cross_entropy, (data[0][0],), (data[0][1],),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05,
+                                                              momentum=0.9))
+    straight = copy.deepcopy(step)
+    expected = [straight(x, y)["loss"] for x, y in data]
+    for x, y in data[:3]:
+        step(x, y)
+    torchcap.save(step, tmp_path / "step.tcg")
+    loaded = torchcap.load(tmp_path / "step.tcg")
+    for i, (x, y) in enumerate(data[3:], start=3):
+        assert torch.equal(loaded(x, y)["loss"], expected[i]), i
+
+
+def test_errors():
+    model = Classifier().train()
+    x, y = batches(1)[0]
+    with pytest.raises(torchcap.TraceError, match="eval mode"):
+        torchcap.export_training(copy.deepcopy(model).eval(), F.cross_entropy, (x,), (y,))
+    with pytest.raises(torchcap.TraceError, match=r"one element; it has shape \[4\]"):
+        torchcap.export_training(model, lambda out, t: F.cross_entropy(out, t, reduction="none"),
+                                 (x,), (y,))
+    with pytest.raises(torchcap.Error, match="2 parameter groups"):
+        torchcap.export_training(model, F.cross_entropy, (x,), (y,), optimizer=torch.optim.SGD(
+            [{"params": model.conv.parameters()}, {"params": list(model.bn.parameters()) +
+                                                   list(model.fc.parameters())}], lr=0.1))
+    with pytest.raises(torchcap.Error, match="misses fc.weight, fc.bias"):
+        torchcap.export_training(model, F.cross_entropy, (x,), (y,), optimizer=torch.optim.SGD(
+            list(model.conv.parameters()) + list(model.bn.parameters()), lr=0.1))
+    with pytest.raises(torchcap.Error, match="RMSprop is not supported"):
+        torchcap.export_training(model, F.cross_entropy, (x,), (y,),
+                                 optimizer=torch.optim.RMSprop(model.parameters()))
+    with pytest.raises(torchcap.TraceError, match="loss_fn must return a tensor"):
+        torchcap.export_training(model, lambda out, t: 1.0, (x,), (y,))
+    with pytest.raises(torchcap.TraceError, match="aten::igamma has no derivative"):
+        torchcap.export_training(model, lambda out, t: torch.igamma(out.sigmoid() + 0.5,
+                                                                    torch.ones(5)).mean(),
+                                 (x,), (y,))
