@@ -1,6 +1,6 @@
 // torchcap_bench: every benchmark, printed as `name: value unit` lines.
 //
-//   torchcap_bench [trace|run|all]
+//   torchcap_bench [trace|run|train|all]
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -8,15 +8,17 @@
 namespace torchcap::bench {
 void trace_benchmarks();
 void interpreter_benchmarks();
+void training_benchmarks();
 }  // namespace torchcap::bench
 
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "all";
-  if (which != "all" && which != "trace" && which != "run") {
-    std::cerr << "usage: torchcap_bench [trace|run|all]\n";
+  if (which != "all" && which != "trace" && which != "run" && which != "train") {
+    std::cerr << "usage: torchcap_bench [trace|run|train|all]\n";
     return 2;
   }
   if (which == "all" || which == "trace") torchcap::bench::trace_benchmarks();
   if (which == "all" || which == "run") torchcap::bench::interpreter_benchmarks();
+  if (which == "all" || which == "train") torchcap::bench::training_benchmarks();
   return 0;
 }

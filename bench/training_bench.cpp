@@ -1,0 +1,128 @@
+// One training step: eager LibTorch (forward, loss, backward,
+// optimizer.step() of torch::optim) against the same step captured by
+// export_training and run by the Interpreter, one thread, side by side.
+#include "bench_util.h"
+#include "models.h"
+
+#include <torchcap/interpreter.h>
+#include <torchcap/training.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+namespace torchcap::bench {
+namespace {
+
+struct TrainingCase {
+  std::string name;
+  std::function<std::shared_ptr<torch::nn::Module>()> make;  // the same weights each call
+  std::function<at::Tensor(torch::nn::Module&, const at::Tensor&)> forward;
+  at::Tensor x, y;
+  LossFunction loss;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> eager_loss;
+};
+
+template <typename M>
+std::function<at::Tensor(torch::nn::Module&, const at::Tensor&)> forward_of() {
+  return [](torch::nn::Module& m, const at::Tensor& x) { return static_cast<M&>(m).forward(x); };
+}
+
+void bench_case(const TrainingCase& c, const std::string& optimizer_name, const Optimizer& optimizer,
+                std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)> make_eager) {
+  // Two models with the same weights: one trained eagerly, one through the step.
+  std::shared_ptr<torch::nn::Module> eager_model = c.make();
+  std::shared_ptr<torch::nn::Module> captured_model = c.make();
+  eager_model->train();
+  captured_model->train();
+  auto opt = make_eager(eager_model->parameters());
+  auto eager_step = [&] {
+    opt->zero_grad();
+    at::Tensor loss = c.eager_loss(c.forward(*eager_model, c.x), c.y);
+    loss.backward();
+    opt->step();
+  };
+
+  TrainingOptions options;
+  options.optimizer = optimizer;
+  auto forward = [&](std::vector<c10::IValue> in) {
+    return c10::IValue(c.forward(*captured_model, in[0].toTensor()));
+  };
+  GraphModule step = export_training(*captured_model, forward, c.loss, {c.x}, {c.y}, options);
+  size_t nodes = 0;
+  for (const Node* n : step.graph()) nodes += n->op() == OpCode::CallFunction ? 1 : 0;
+  Interpreter interp(step);
+  InterpreterOptions planned_options;
+  planned_options.plan_memory = true;
+  Interpreter planned(step, planned_options);
+  std::vector<c10::IValue> inputs = {c.x, c.y};
+  auto captured_step = [&] { interp.run(inputs); };
+  auto planned_step = [&] { planned.run(inputs); };
+
+  int iters = iterations_for(eager_step, 0.2);
+  // Interleaved rounds, best median of each: load drifts hit all three alike.
+  double t_eager = 1e9, t_captured = 1e9, t_planned = 1e9;
+  for (int round = 0; round < 3; ++round) {
+    t_eager = std::min(t_eager, median_seconds(eager_step, 5, iters, 1));
+    t_captured = std::min(t_captured, median_seconds(captured_step, 5, iters, 1));
+    t_planned = std::min(t_planned, median_seconds(planned_step, 5, iters, 1));
+  }
+  std::string p = "train/" + c.name + "/" + optimizer_name + "/";
+  print(p + "nodes", static_cast<double>(nodes), "nodes");
+  print(p + "eager", t_eager * 1e3, "ms");
+  print(p + "captured", t_captured * 1e3, "ms");
+  print(p + "captured_planned", t_planned * 1e3, "ms");
+  print(p + "captured_vs_eager", t_captured / t_eager, "x");
+  print(p + "captured_planned_vs_eager", t_planned / t_eager, "x");
+}
+
+}  // namespace
+
+void training_benchmarks() {
+  at::set_num_threads(1);
+  std::vector<TrainingCase> cases;
+  {
+    TrainingCase c;
+    c.name = "mlp200";
+    c.make = [] {
+      torch::manual_seed(0);
+      return std::make_shared<examples::DeepMLP>(200, 64);
+    };
+    c.forward = forward_of<examples::DeepMLP>();
+    torch::manual_seed(1);
+    c.x = at::randn({32, 64});
+    c.y = at::randn({32, 64});
+    c.loss = losses::mse();
+    c.eager_loss = [](const at::Tensor& out, const at::Tensor& y) { return torch::mse_loss(out, y); };
+    cases.push_back(c);
+  }
+  {
+    TrainingCase c;
+    c.name = "resnet18";
+    c.make = [] {
+      torch::manual_seed(0);
+      return std::make_shared<examples::ResNet18>();
+    };
+    c.forward = forward_of<examples::ResNet18>();
+    torch::manual_seed(1);
+    c.x = at::randn({8, 3, 224, 224});
+    c.y = at::randint(0, 1000, {8}, at::kLong);
+    c.loss = losses::cross_entropy();
+    c.eager_loss = [](const at::Tensor& out, const at::Tensor& y) { return torch::cross_entropy_loss(out, y); };
+    cases.push_back(c);
+  }
+  for (const TrainingCase& c : cases) {
+    SGD sgd{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-4};
+    bench_case(c, "sgd", sgd, [&](std::vector<at::Tensor> params) {
+      return std::make_unique<torch::optim::SGD>(
+          params, torch::optim::SGDOptions(sgd.lr).momentum(sgd.momentum).weight_decay(sgd.weight_decay));
+    });
+    if (c.name != "mlp200") continue;
+    Adam adam{.lr = 1e-3};
+    bench_case(c, "adam", adam, [&](std::vector<at::Tensor> params) {
+      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(adam.lr));
+    });
+  }
+}
+
+}  // namespace torchcap::bench
