@@ -321,5 +321,28 @@ TEST(Nesting, AGraphRunFromInsideAnotherRunKeepsBothFrames) {
   inner_graph = nullptr;
 }
 
+// Note [Views for copies in functional graphs]: an exported graph's copies
+// of views run as views, except where the value is an output.
+TEST(ViewsForCopies, SameValuesAndNoOutputAliasesAnAttribute) {
+  at::manual_seed(0);
+  at::Tensor w = at::randn({4, 3});
+  ModuleState state;
+  state.parameters.emplace_back("w", w);
+  TracedFunction f = [&](IValues in) -> c10::IValue {
+    at::Tensor x = in[0].toTensor();
+    // t(t(w)) and a view of an intermediate feed operators; w.t() is returned.
+    at::Tensor y = x.mm(w.t().t().t()).view({-1}).unsqueeze(0);
+    return c10::ivalue::Tuple::create({y.sum(1), w.t()});
+  };
+  at::Tensor x = at::randn({2, 3});
+  GraphModule gm = export_program(state, f, {x});
+  ASSERT_TRUE(is_functional(gm.graph()));
+  auto out = Interpreter(gm).run({x}).toTupleRef().elements();
+  EXPECT_TRUE(at::equal(out[0].toTensor(), x.mm(w.t()).view({-1}).unsqueeze(0).sum(1)));
+  EXPECT_TRUE(at::equal(out[1].toTensor(), w.t()));
+  // The returned transpose is a copy, not a view of the attribute.
+  EXPECT_FALSE(out[1].toTensor().is_alias_of(gm.attribute("w").value));
+}
+
 }  // namespace
 }  // namespace torchcap

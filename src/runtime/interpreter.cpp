@@ -1,6 +1,7 @@
 // The interpreter: a plan built once from the graph, run from flat tables.
 #include <torchcap/error.h>
 #include <torchcap/evaluator.h>
+#include <torchcap/export.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 
@@ -12,6 +13,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/jit_type.h>
 
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -144,6 +146,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
 
   std::unique_ptr<detail::InterpreterPlan> build() {
     gm_.lint();
+    views_for_copies_ = !options_.plan_memory && is_functional(gm_.graph());
     if (options_.plan_memory) {
       plan_->memory = std::make_unique<detail::PlannedMemory>(plan_memory(gm_.graph()));
     }
@@ -199,6 +202,9 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
 
   PlanValue call_operator(const Node& n, const std::vector<BoundArgument>& args) override {
     Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
+    if (views_for_copies_) {
+      if (const c10::OperatorHandle* view = view_for_copy(n)) ins.op = *view;
+    }
     ins.args.reserve(args.size());
     for (const BoundArgument& a : args) ins.args.push_back(slot_of(a, n));
     if (std::optional<PlanValue> folded = fold_view(n, ins)) return *folded;
@@ -270,11 +276,59 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     return s;
   }
 
+  // Note [Views for copies in functional graphs]
+  // Export replaces views by `*_copy` operators (t_copy, view_copy, ...) so
+  // that the graph has no aliasing. When the graph is functional nothing
+  // writes a value while the run lasts (attributes and inputs are written
+  // back only after it), so a view computes the same values as the copy,
+  // without the copy: the unplanned interpreter runs the view instead, and a
+  // view of attributes is then folded once (fold_view). A training step's
+  // backward transposes its weights and gradients several times per layer;
+  // eager autograd runs those as views, and the BLAS calls then take the
+  // same transposed operands as eager ones. A node whose value is an output
+  // keeps its copy, so no output aliases an attribute, an input or another
+  // output. Planned runs keep the copies: the memory plan's lifetimes
+  // assume that no value aliases another.
+  const c10::OperatorHandle* view_for_copy(const Node& n) {
+    static const std::pair<const char*, const char*> kViewOfCopy[] = {
+        {"aten::t_copy", "aten::t"},
+        {"aten::transpose_copy.int", "aten::transpose.int"},
+        {"aten::permute_copy", "aten::permute"},
+        {"aten::view_copy", "aten::view"},
+        {"aten::expand_copy", "aten::expand"},
+        {"aten::unsqueeze_copy", "aten::unsqueeze"},
+        {"aten::squeeze_copy", "aten::squeeze"},
+        {"aten::squeeze_copy.dim", "aten::squeeze.dim"},
+        {"aten::slice_copy.Tensor", "aten::slice.Tensor"},
+        {"aten::select_copy.int", "aten::select.int"},
+        {"aten::alias_copy", "aten::alias"},
+    };
+    for (const Node* user : n.users()) {
+      if (user->op() == OpCode::Output) return nullptr;
+    }
+    for (const auto& [copy, view] : kViewOfCopy) {
+      if (n.target() != copy) continue;
+      auto it = view_ops_.find(view);
+      if (it == view_ops_.end()) {
+        std::string name = view;
+        size_t dot = name.find('.');
+        std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+        c10::optional<c10::OperatorHandle> handle =
+            c10::Dispatcher::singleton().findSchema({name.substr(0, dot), overload});
+        std::optional<c10::OperatorHandle> found;
+        if (handle) found = *handle;
+        it = view_ops_.emplace(std::string(view), std::move(found)).first;
+      }
+      return it->second ? &*it->second : nullptr;
+    }
+    return nullptr;
+  }
+
   // A view of attributes only (`t(weight)`) is computed once, here: it
   // aliases the attribute's memory, so it stays right even when the graph
   // updates the attribute in place.
   std::optional<PlanValue> fold_view(const Node& n, const Instruction& ins) {
-    const c10::FunctionSchema& schema = n.schema();
+    const c10::FunctionSchema& schema = ins.op.schema();
     if (schema.returns().size() != 1 || detail::produces(n) != detail::Produces::Tensor) return std::nullopt;
     const c10::AliasInfo* ret = schema.returns()[0].alias_info();
     if (ret == nullptr || ret->isWrite()) return std::nullopt;
@@ -334,6 +388,8 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   InterpreterOptions options_;
   std::unique_ptr<detail::InterpreterPlan> plan_;
   int32_t next_value_ = 0;
+  bool views_for_copies_ = false;  // Note [Views for copies in functional graphs]
+  std::map<std::string, std::optional<c10::OperatorHandle>> view_ops_;
 };
 
 std::string describe_input(const at::Tensor& t) { return TensorMeta::of(t).str(); }
