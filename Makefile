@@ -94,6 +94,8 @@ demo: build
 bench: build
 	PYTHONPATH=$(BUILD_DIR)/python $(BUILD_DIR)/serialize_bench
 	$(BUILD_DIR)/torchcap_bench
+	$(BUILD_DIR)/meta_bench models
+	$(BUILD_DIR)/meta_bench decoder
 	$(BUILD_DIR)/memory_bench
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/python_trace_bench.py
 

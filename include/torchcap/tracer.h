@@ -72,6 +72,19 @@ struct TraceOptions {
   // Reading a tensor's value into C++ (`.item()`, `at::equal`, `if (t.is_nonzero())`)
   // bakes the value into the graph. By default that is an error.
   bool allow_data_dependent_values = false;
+  // Meta mode (Note [Meta mode] in src/trace/dispatch.cpp): the program
+  // computes on meta tensors (dtype, shape and strides, no data) and no
+  // compute kernel runs, so a trace costs bookkeeping only and needs neither
+  // activations nor weights in memory. The graph is the one a real trace
+  // records: parameters and buffers are still get_attr nodes of the real
+  // tensors, devices in node metadata are those the real program would use.
+  // Inputs may be real tensors or meta tensors (shapes only), which stand for
+  // CPU tensors. The traced tensors the program sees report those devices
+  // too; what trace_with_outputs returns are meta tensors.
+  // Errors: an operator with no meta kernel, and any operator whose result
+  // depends on tensor values (.item(), nonzero, masked_select, ...), name the
+  // operator; allow_data_dependent_values cannot apply (there are no values).
+  bool meta = false;
 };
 
 namespace detail {

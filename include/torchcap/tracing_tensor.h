@@ -3,7 +3,9 @@
 //
 // A TracingTensorImpl holds the real tensor (`value`), the graph node that
 // produced its current value, and whether it is immutable (a graph input, or a
-// view of one). It reports the real tensor's sizes, strides, dtype and device;
+// view of one). It reports the real tensor's sizes, strides, dtype and device
+// (in meta mode the value is a meta tensor and the device is the one the real
+// program would use, see TraceOptions::meta);
 // touching its storage throws, because raw reads and writes would bypass the
 // tracer (one exception: a tensor a factory just made, see Note [Raw writes
 // into a fresh tensor] in tracing_tensor.cpp); metadata setters throw too. Every aten operator on it reaches the
@@ -18,6 +20,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
+#include <c10/util/Optional.h>
+
 #include <cstdint>
 #include <string>
 
@@ -27,7 +31,9 @@ class Node;
 
 class TracingTensorImpl : public c10::TensorImpl {
  public:
-  TracingTensorImpl(at::Tensor value, Node* node, uint64_t trace_id, bool immutable);
+  // `device`: the device the wrapper reports, when it is not the value's.
+  TracingTensorImpl(at::Tensor value, Node* node, uint64_t trace_id, bool immutable,
+                    c10::optional<c10::Device> device = c10::nullopt);
 
   const at::Tensor& value() const { return value_; }
   // The node whose result this tensor's value is; null for one output of a
@@ -80,8 +86,10 @@ class TracingTensorImpl : public c10::TensorImpl {
 bool is_tracing_tensor(const at::TensorBase& t);
 // The wrapper's impl, or nullptr for any other tensor.
 TracingTensorImpl* maybe_get_tracing_impl(const at::TensorBase& t);
-// Wraps `value` (detached) as produced by `node` in trace `trace_id`.
-at::Tensor make_tracing_tensor(at::Tensor value, Node* node, uint64_t trace_id, bool immutable);
+// Wraps `value` (detached) as produced by `node` in trace `trace_id`;
+// `device`, when given, is the device the wrapper reports (meta mode).
+at::Tensor make_tracing_tensor(at::Tensor value, Node* node, uint64_t trace_id, bool immutable,
+                               c10::optional<c10::Device> device = c10::nullopt);
 // The real tensor inside a wrapper; any other tensor is returned as is.
 at::Tensor unwrap_tracing_tensor(const at::Tensor& t);
 

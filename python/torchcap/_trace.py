@@ -43,6 +43,8 @@ _TRACE_ERROR_PHRASES = (
     "which torchcap cannot record",
     "traced tensor",
     "traces do not nest",
+    "in meta mode",
+    "has no meta kernel",
 )
 # The C++ option names in those messages, as the Python API spells them.
 _OPTION_NAMES = {
@@ -52,6 +54,8 @@ _OPTION_NAMES = {
     "expected e.g. aten::linear": "expected e.g. 'aten::linear' or torch.ops.aten.linear",
     "torch::where": "torch.where",
     "torchcap::trace": "torchcap.trace",
+    "Trace without meta mode": "Trace with meta=False",
+    "trace without meta mode": "trace with meta=False",
 }
 
 
@@ -185,7 +189,7 @@ def _check_args(args, kwargs):
 
 
 def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
-             allow_data_dependent_values, record_stack_traces):
+             allow_data_dependent_values, record_stack_traces, meta=False):
     _require_C()
     if not callable(f):
         raise TypeError(f"torchcap: f must be an nn.Module or a callable, not a "
@@ -208,7 +212,7 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
         with _ModuleStackHooks(modules):
             graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
                              allow_input_mutation, allow_data_dependent_values,
-                             record_stack_traces, _INTERNAL_DIRS, modules)
+                             record_stack_traces, _INTERNAL_DIRS, modules, meta=meta)
     except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
         message = _python_message(str(e))
         if message == str(e):
@@ -301,7 +305,7 @@ def _to_fx(graph, kwargs):
 
 
 def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,
-          allow_data_dependent_values=False, record_stack_traces=True):
+          allow_data_dependent_values=False, record_stack_traces=True, meta=False):
     """Runs f(*args, **kwargs) once and returns the aten operators it ran as a torch.fx.GraphModule.
 
     f: an nn.Module or any callable. Its parameters and buffers (those of the
@@ -318,25 +322,32 @@ def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_m
     read tensor values into Python (.item(), `if t.sum() > 0`), baking them in.
     record_stack_traces: node.meta["stack_trace"] with f's Python frames and
     node.meta["nn_module_stack"].
+    meta: meta mode. f computes on meta tensors (shapes, no data) and no
+    kernel computes anything, so tracing costs little time and memory; the
+    graph is the one a real trace records, attributes included (the
+    module's real tensors). args may hold meta tensors (device="meta"),
+    which stand for CPU tensors; f sees tensors on the devices the real
+    program would use. Operators without a meta kernel, and those whose
+    result depends on values (.item(), nonzero), raise TraceError.
 
     Raises TraceError when the program cannot be traced; exceptions f raises
     propagate unchanged.
     """
     return _capture(f, args, kwargs, False, inference, preserve, allow_input_mutation,
-                    allow_data_dependent_values, record_stack_traces)
+                    allow_data_dependent_values, record_stack_traces, meta)
 
 
 def export(f, args, kwargs=None, *, inference=False, preserve=None,
-           allow_data_dependent_values=False, record_stack_traces=True):
+           allow_data_dependent_values=False, record_stack_traces=True, meta=False):
     """trace, then dead-code elimination and a functionalizing re-trace.
 
     The graph has no in-place or view operators. Writes the program makes to
     its buffers (BatchNorm's running statistics in train mode) and inputs are
     extra outputs of the graph, written back when the module runs, so calling
-    the result has the program's effect.
+    the result has the program's effect. meta: as for trace.
     """
     return _capture(f, args, kwargs, True, inference, preserve, True,
-                    allow_data_dependent_values, record_stack_traces)
+                    allow_data_dependent_values, record_stack_traces, meta)
 
 
 def dispatch_trace(f, args):

@@ -112,7 +112,7 @@ at::Tensor load_tensor_file(const std::string& path) {
   return v.toTensor();
 }
 
-at::Tensor parse_input(const std::string& spec) {
+at::Tensor parse_input(const std::string& spec, bool shapes_only) {
   if (is_file(spec)) return load_tensor_file(spec);
   struct stat st;
   if (::stat(spec.c_str(), &st) == 0) {
@@ -150,6 +150,7 @@ at::Tensor parse_input(const std::string& spec) {
       start = x + 1;
     }
   }
+  if (shapes_only) return at::empty(shape, at::TensorOptions().dtype(dtype).device(c10::kMeta));
   return random_tensor(shape, dtype);
 }
 
@@ -209,11 +210,11 @@ bool is_none_spec(const std::string& spec) {
   return t == "none" || t == "None";
 }
 
-c10::IValue parse_as(const std::string& spec, const c10::TypePtr& type,
+c10::IValue parse_as(const std::string& spec, const c10::TypePtr& type, bool shapes_only,
                      const std::function<Error(const std::string&)>& bad) {
   if (auto opt = type->cast<c10::OptionalType>()) {
     if (is_none_spec(spec)) return c10::IValue();
-    return parse_as(spec, opt->getElementType(), bad);
+    return parse_as(spec, opt->getElementType(), shapes_only, bad);
   }
   if (is_none_spec(spec)) {
     if (type->kind() == c10::NoneType::Kind) return c10::IValue();
@@ -221,7 +222,7 @@ c10::IValue parse_as(const std::string& spec, const c10::TypePtr& type,
   }
   switch (type->kind()) {
     case c10::TensorType::Kind:
-      return parse_input(spec);
+      return parse_input(spec, shapes_only);
     case c10::IntType::Kind:
       if (auto v = parse_int(spec)) return *v;
       throw bad("expected an integer such as 3");
@@ -246,7 +247,7 @@ c10::IValue parse_as(const std::string& spec, const c10::TypePtr& type,
     if (kind == c10::IntType::Kind || kind == c10::FloatType::Kind || kind == c10::BoolType::Kind) {
       c10::impl::GenericList out(element);
       for (const std::string& item : list_items(spec)) {
-        out.push_back(parse_as(item, element, [&](const std::string& why) {
+        out.push_back(parse_as(item, element, shapes_only, [&](const std::string& why) {
           return bad("list element '" + trim(item) + "': " + why);
         }));
       }
@@ -287,12 +288,13 @@ std::string describe_parameter(const c10::Argument& parameter) {
   return out;
 }
 
-c10::IValue parse_argument(const std::string& spec, const c10::Argument& parameter) {
+c10::IValue parse_argument(const std::string& spec, const c10::Argument& parameter,
+                           bool shapes_only) {
   // Tensor specs and files report their own errors, which name the --input.
   auto bad = [&](const std::string& why) {
     return Error("--input '" + spec + "' for parameter '" + describe_parameter(parameter) + "': " + why);
   };
-  return parse_as(spec, parameter.type(), bad);
+  return parse_as(spec, parameter.type(), shapes_only, bad);
 }
 
 std::vector<at::Tensor> random_inputs_for(const GraphModule& gm) {

@@ -15,8 +15,9 @@ namespace torchcap::cli {
 
 // One `--input` value: "1x3x224x224", "1x3x224x224:float32", "scalar:int64",
 // or the path of a file written by Python's torch.save(tensor). Random values
-// come from the generator, seeded once per command.
-at::Tensor parse_input(const std::string& spec);
+// come from the generator, seeded once per command. With `shapes_only` (a
+// meta-mode trace), a shape gives a meta tensor: no values at all.
+at::Tensor parse_input(const std::string& spec, bool shapes_only = false);
 
 // Random inputs shaped like the graph's placeholders.
 std::vector<at::Tensor> random_inputs_for(const GraphModule& gm);
@@ -38,7 +39,8 @@ c10::IValue load_value_file(const std::string& path);
 //   Optional[T]      `none`, or what T accepts
 //   anything else    a torch.save'd file holding a value of that type
 // Errors name the parameter, its type, and what was given.
-c10::IValue parse_argument(const std::string& spec, const c10::Argument& parameter);
+c10::IValue parse_argument(const std::string& spec, const c10::Argument& parameter,
+                           bool shapes_only = false);
 
 // "x: Tensor", "mask: Optional[Tensor] = None", "steps: int = 3".
 std::string describe_parameter(const c10::Argument& parameter);

@@ -1,6 +1,6 @@
 // torchcap: trace, show and run captured programs from the command line.
 //
-//   torchcap trace MODEL.pt --input 1x3x224x224 [-o OUT.tcg] [--export] [--no-check] [--json]
+//   torchcap trace MODEL.pt --input 1x3x224x224 [-o OUT.tcg] [--export] [--no-check] [--meta] [--json]
 //   torchcap trace --example resnet18 [-o OUT.tcg]
 //   torchcap examples
 //   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]
@@ -126,6 +126,7 @@ struct TraceCommand {
   bool do_export = false;
   bool keep_dead = false;
   bool check = true;  // compare the graph with the model on the inputs
+  bool meta = false;  // meta mode: shapes only, nothing computed, no check
   std::string output;
   bool as_json = false;
 };
@@ -205,7 +206,7 @@ std::vector<c10::Argument> forward_parameters(torch::jit::Module& m) {
 // The --input values by the forward's declared parameter types. Trailing
 // parameters with defaults may be left out: TorchScript fills them in.
 std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string& name,
-                                        const std::vector<std::string>& specs) {
+                                        const std::vector<std::string>& specs, bool shapes_only) {
   std::vector<c10::Argument> params = forward_parameters(m);
   size_t required = 0;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -224,7 +225,9 @@ std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string
                 std::to_string(specs.size()) + " --input: " + signature());
   }
   std::vector<c10::IValue> values;
-  for (size_t i = 0; i < specs.size(); ++i) values.push_back(parse_argument(specs[i], params[i]));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    values.push_back(parse_argument(specs[i], params[i], shapes_only));
+  }
   return values;
 }
 
@@ -238,7 +241,7 @@ Program load_program(const TraceCommand& cmd, Progress& progress) {
     if (cmd.inputs.empty()) {
       p.inputs = p.example->make_inputs(0);
     } else {
-      for (const std::string& s : cmd.inputs) p.inputs.push_back(parse_input(s));
+      for (const std::string& s : cmd.inputs) p.inputs.push_back(parse_input(s, cmd.meta));
       size_t expected = p.example->make_inputs(0).size();
       if (p.inputs.size() != expected) {
         throw Error("example '" + cmd.example + "' takes " + std::to_string(expected) +
@@ -254,7 +257,7 @@ Program load_program(const TraceCommand& cmd, Progress& progress) {
   if (cmd.inputs.empty() && !forward_parameters(*p.script).empty()) {
     throw Error("give the inputs of '" + cmd.model + "' with --input, e.g. --input 1x3x224x224");
   }
-  p.inputs = forward_inputs(*p.script, cmd.model, cmd.inputs);
+  p.inputs = forward_inputs(*p.script, cmd.model, cmd.inputs, cmd.meta);
   return p;
 }
 
@@ -311,6 +314,7 @@ int cmd_trace(const TraceCommand& cmd) {
 
   TraceOptions options;
   options.inference_mode = cmd.inference;
+  options.meta = cmd.meta;
   if (!cmd.preserve.empty()) options.preserve = split_commas(cmd.preserve);
 
   progress.step(std::string(cmd.do_export ? "exporting " : "tracing ") + p.name);
@@ -352,7 +356,8 @@ int cmd_trace(const TraceCommand& cmd) {
     if (diff) {
       std::printf("max |graph - eager| = %g\n", *diff);
     } else {
-      std::printf("not checked against the model (--no-check)\n");
+      std::printf("not checked against the model (%s)\n",
+                  cmd.meta ? "--meta: nothing was computed" : "--no-check");
     }
     if (!cmd.output.empty()) std::printf("saved %s\n", cmd.output.c_str());
   }
@@ -524,6 +529,8 @@ int main_impl(int argc, char** argv) {
   trace_cmd->add_flag("--export", trace_args.do_export, "functionalize: no mutation, no views; writes become outputs");
   trace_cmd->add_flag("--keep-dead", trace_args.keep_dead, "keep what the program computed and never used (removed by default)");
   trace_cmd->add_flag("--no-check", no_check, "do not run the model and the graph to compare them");
+  trace_cmd->add_flag("--meta", trace_args.meta,
+                      "meta mode: compute shapes only, run no kernel and no check (inputs may be shapes)");
   trace_cmd->add_option("-o,--output", trace_args.output, "save the graph to this .tcg file");
   trace_cmd->add_option("--library", libraries, library_help);
   trace_cmd->add_flag("--json", trace_args.as_json, "print one JSON object");
@@ -581,7 +588,7 @@ int main_impl(int argc, char** argv) {
                            !no_check, trace_args.as_json, *trace_cmd);
   }
   if (trace_cmd->parsed()) {
-    trace_args.check = !no_check;
+    trace_args.check = !no_check && !trace_args.meta;
     return cmd_trace(trace_args);
   }
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);

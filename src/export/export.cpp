@@ -6,6 +6,7 @@
 #include <torchcap/tracing_tensor.h>
 
 #include "graph/hidden_writes.h"
+#include "kernels/meta_kernels.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 
@@ -115,7 +116,15 @@ class Functionalizer : public Evaluator {
     Node* ph = st_.graph().placeholder(n.name());
     ph->meta() = n.meta();
     at::Tensor t = Evaluator::placeholder(n, index).toTensor();
-    at::Tensor w = make_tracing_tensor(t.detach(), ph, st_.id(), /*immutable=*/false);
+    at::Tensor w;
+    if (st_.meta()) {
+      // The first trace's metadata has the device the input stands for.
+      const ValueMeta& val = n.meta().val;
+      c10::Device device = val.tensors.empty() ? c10::Device(c10::kCPU) : val.tensors[0].device;
+      w = make_tracing_tensor(st_.stand_in(t.detach()), ph, st_.id(), /*immutable=*/false, device);
+    } else {
+      w = make_tracing_tensor(t.detach(), ph, st_.id(), /*immutable=*/false);
+    }
     at::Tensor f = functional(w);
     writable.push_back({f, w, OutputKind::InputMutation, n.name()});
     return f;
@@ -192,6 +201,7 @@ GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>&
                           const TraceOptions& options) {
   gm.lint();
   detail::ensure_tracer_registered();
+  if (options.meta) detail::ensure_meta_kernels();
   TraceOptions retrace_options = options;
   retrace_options.allow_input_mutation = true;
   detail::TraceState st(retrace_options, {});

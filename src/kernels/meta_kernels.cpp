@@ -40,6 +40,22 @@ void native_batch_norm_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Sta
   s->emplace_back(at::empty({saved}, input.options()));
 }
 
+// (input, normalized_shape, weight, bias, eps), as LibTorch's CPU kernel: a
+// contiguous output; mean and rstd of the input's dtype, shaped like the
+// input with the normalized dimensions kept as 1.
+void native_layer_norm_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
+  auto a = take(s, 5);
+  const at::Tensor& input = a[0].toTensor();
+  const int64_t normalized = static_cast<int64_t>(a[1].toIntVector().size());
+  TORCH_CHECK(normalized <= input.dim(), "native_layer_norm: normalized_shape has more dimensions "
+                                         "than the input");
+  std::vector<int64_t> stat_shape = input.sizes().vec();
+  for (int64_t d = input.dim() - normalized; d < input.dim(); ++d) stat_shape[d] = 1;
+  s->emplace_back(at::empty(input.sizes(), input.options()));
+  s->emplace_back(at::empty(stat_shape, input.options()));
+  s->emplace_back(at::empty(stat_shape, input.options()));
+}
+
 // (self, dim: int[1]?, correction: int?, keepdim: bool)
 void var_correction_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
   auto a = take(s, 4);
@@ -95,13 +111,72 @@ void convolution_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s)
   s->emplace_back(at::empty(shape, input.options().memory_format(input.suggest_memory_format())));
 }
 
+// (self, shifts, dims): like LibTorch's CPU kernel, a contiguous result.
+void roll_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
+  auto a = take(s, 3);
+  const at::Tensor& self = a[0].toTensor();
+  s->emplace_back(at::empty(self.sizes(), self.options()));
+}
+
+// (query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight,
+//  proj_bias, mask, need_weights, average_attn_weights, mask_type):
+// nn.MultiheadAttention's inference fast path. Query, key and value are
+// N x T x E (batch first); the weights are N x heads x T x S, averaged
+// over the heads when asked, and not computed (undefined) when not needed.
+void native_multi_head_attention_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
+  auto a = take(s, 13);
+  const at::Tensor& query = a[0].toTensor();
+  const at::Tensor& key = a[1].toTensor();
+  const int64_t heads = a[4].toInt();
+  const at::Tensor& proj_weight = a[7].toTensor();
+  TORCH_CHECK(query.dim() == 3 && key.dim() == 3,
+              "_native_multi_head_attention: expected 3-D query and key");
+  const int64_t n = query.size(0), t = query.size(1), src = key.size(1);
+  s->emplace_back(at::empty({n, t, proj_weight.size(0)}, query.options()));
+  if (!a[10].toBool()) {
+    s->emplace_back(at::Tensor());
+  } else if (a[11].toBool()) {
+    s->emplace_back(at::empty({n, t, src}, query.options()));
+  } else {
+    s->emplace_back(at::empty({n, heads, t, src}, query.options()));
+  }
+}
+
+// (src, embed_dim, num_heads, ...18 more): nn.TransformerEncoderLayer's
+// inference fast path; the result is shaped like src.
+void transformer_encoder_layer_fwd_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
+  auto a = take(s, 20);
+  const at::Tensor& src = a[0].toTensor();
+  s->emplace_back(at::empty(src.sizes(), src.options()));
+}
+
 }  // namespace
 
+class IgnoreWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::SourceLocation&, const std::string&, const bool) override {}
+};
+
+// Whether a kernel already registered for the meta key is kept.
+enum class Existing { Keep, Replace };
+
+// Note [Meta kernels that must match the CPU kernel]
+// A meta-mode trace records the metadata the meta kernels give, which must
+// be what the CPU kernels give in a real trace. In a Python process, torch
+// registers Python meta kernels (decompositions) at import for many
+// operators, replacing LibTorch's; for native_batch_norm and
+// native_layer_norm their auxiliary results (saved statistics) differ from
+// the CPU kernel's. torchcap's kernels for these replace whatever is
+// registered (LibTorch's warning about replacing a kernel is not shown).
 template <void (*Kernel)(const c10::OperatorHandle&, c10::DispatchKeySet, Stack*)>
-void register_meta(const c10::OperatorName& name, std::vector<c10::RegistrationHandleRAII>& handles) {
+void register_meta(const c10::OperatorName& name, std::vector<c10::RegistrationHandleRAII>& handles,
+                   Existing existing = Existing::Keep) {
   auto& d = c10::Dispatcher::singleton();
   auto op = d.findSchema(name);
-  if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) return;  // LibTorch has one
+  if (!op) return;
+  if (op->hasKernelForDispatchKey(c10::DispatchKey::Meta) && existing == Existing::Keep) return;
+  IgnoreWarnings ignore;
+  c10::Warning::WarningHandlerGuard quiet(&ignore);
   handles.push_back(d.registerImpl(name, c10::DispatchKey::Meta,
                                    c10::KernelFunction::makeFromBoxedFunction<Kernel>(),
                                    c10::nullopt, nullptr, "torchcap meta kernel"));
@@ -113,10 +188,19 @@ void ensure_meta_kernels() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_meta<&relu_meta>({"aten::relu", ""}, *handles);
-    register_meta<&native_batch_norm_meta>({"aten::native_batch_norm", ""}, *handles);
+    // Note [Meta kernels that must match the CPU kernel]
+    register_meta<&native_batch_norm_meta>({"aten::native_batch_norm", ""}, *handles,
+                                           Existing::Replace);
+    register_meta<&native_layer_norm_meta>({"aten::native_layer_norm", ""}, *handles,
+                                           Existing::Replace);
     register_meta<&var_correction_meta>({"aten::var", "correction"}, *handles);
     register_meta<&index_select_meta>({"aten::index_select", ""}, *handles);
     register_meta<&convolution_meta>({"aten::convolution", ""}, *handles);
+    register_meta<&roll_meta>({"aten::roll", ""}, *handles);
+    register_meta<&native_multi_head_attention_meta>({"aten::_native_multi_head_attention", ""},
+                                                     *handles);
+    register_meta<&transformer_encoder_layer_fwd_meta>({"aten::_transformer_encoder_layer_fwd", ""},
+                                                       *handles);
   });
 }
 

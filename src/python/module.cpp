@@ -143,6 +143,7 @@ struct TraceRequest {
   bool allow_input_mutation = false;
   bool allow_data_dependent_values = false;
   bool record_stack_traces = true;
+  bool meta = false;
   std::vector<std::string> internal_dirs;
   // (module, qualified path, class) of the modules whose forward hooks
   // report module stacks.
@@ -171,6 +172,7 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   options.allow_input_mutation = r.allow_input_mutation;
   options.allow_data_dependent_values = r.allow_data_dependent_values;
   options.record_stack_traces = r.record_stack_traces;
+  options.meta = r.meta;
   if (r.record_stack_traces) {
     options.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
   }
@@ -638,20 +640,21 @@ PYBIND11_MODULE(_C, m) {
          bool export_program, bool inference, std::optional<std::vector<std::string>> preserve,
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
-         std::vector<std::tuple<py::object, std::string, std::string>> modules) {
+         std::vector<std::tuple<py::object, std::string, std::string>> modules, bool meta) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
                        inference,              std::move(preserve),
                        allow_input_mutation,   allow_data_dependent_values,
-                       record_stack_traces,    std::move(internal_dirs),
-                       std::move(modules)};
+                       record_stack_traces,    meta,
+                       std::move(internal_dirs), std::move(modules)};
         return run(r);
       },
       py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
       py::arg("export_program"), py::arg("inference"), py::arg("preserve"),
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
-      py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list());
+      py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list(),
+      py::arg("meta") = false);
 
   m.def(
       "export_training",

@@ -229,10 +229,20 @@ std::string describe_immutable(const c10::IValue& v) {
                                         : "%" + n->name() + ", a view of a graph input";
 }
 
-// Step 0: a plain value read from tensor data would be baked in.
-void check_data_dependence(TraceState& st, const OpCall& c) {
-  if (st.options().allow_data_dependent_values || !returns_data(c.op)) return;
-  if (same_value_comparison(st, c.schema, *c.stack, c.base)) return;
+// Step 0: a plain value read from tensor data would be baked in. Returns
+// whether the call is at::equal of a value with itself, whose answer (true)
+// the trace knows without data.
+bool check_data_dependence(TraceState& st, const OpCall& c) {
+  if (!st.meta() && st.options().allow_data_dependent_values) return false;
+  if (!returns_data(c.op)) return false;
+  if (same_value_comparison(st, c.schema, *c.stack, c.base)) return true;
+  if (st.meta()) {
+    throw TraceError(c.target +
+                     " reads a tensor's value into C++ (for example .item(), at::equal, allclose "
+                     "or a tensor used as a condition), and in meta mode tensors have no values. "
+                     "Keep the computation in tensors (torch::where instead of a branch), or trace "
+                     "without meta mode. Schema: " + schema_str(c.schema));
+  }
   throw TraceError(c.target +
                    " reads a tensor's value into C++ (for example .item(), at::equal, "
                    "allclose or a tensor used as a condition); the graph would bake "
@@ -322,14 +332,138 @@ std::pair<ArgumentList, Kwargs> record_arguments(TraceState& st, const OpCall& c
   return {std::move(args), std::move(kwargs)};
 }
 
-// Step 3: the real operator on the real tensors. Attributes about to be
-// written are snapshotted first (Note [Attributes written during a trace]).
-// Returns the arguments as the program passed them (wrappers included).
-std::vector<c10::IValue> run_real(TraceState& st, const OpCall& c, const std::vector<bool>& written) {
+// Note [Meta mode]
+// In meta mode (TraceOptions::meta) every value the program computes is a
+// meta tensor, and an operator runs as its meta kernel: results get dtype,
+// shape and strides, and no memory or arithmetic. The tracer does the rest
+// as in a real trace, so the graph is the same: inputs are wrapped around
+// meta tensors; plain tensors (parameters, buffers, constants) are recorded
+// as get_attr nodes of the real tensors while the operator gets a meta
+// stand-in of each (TraceState::stand_in); factories are asked for the meta
+// device, while the node records the device the program gave. The wrappers
+// report the device the real program would compute on (the device argument
+// of a factory, else the first tensor argument's, else the CPU), and node
+// metadata records that device, so the program sees, and branches on, what
+// it would see in a real trace.
+// What meta mode cannot do is refused by name, never done by computing:
+// operators whose result depends on values (data_dependent_output:
+// .item(), at::equal; dynamic_output_shape: nonzero, masked_select, unique)
+// and operators without a meta kernel. LibTorch 1.13 lacks meta kernels for
+// some common operators; torchcap provides them (Note [Meta kernels
+// LibTorch 1.13 lacks]), one set that shape propagation uses too.
+
+// A meta mode argument: wrappers give their (meta) values, plain tensors
+// their stand-ins.
+c10::IValue meta_argument(TraceState& st, const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return v;
+    TracingTensorImpl* w = maybe_get_tracing_impl(t);
+    return w != nullptr ? c10::IValue(w->value()) : c10::IValue(st.stand_in(t));
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    auto in = v.toTensorList();
+    out.reserve(in.size());
+    for (const at::Tensor& t : in) out.push_back(meta_argument(st, t).toTensor());
+    return out;
+  }
+  if (v.isList() && is_tensor_like(v)) {  // Tensor?[]
+    c10::impl::GenericList out(v.toList().elementType());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(meta_argument(st, e));
+    return out;
+  }
+  return v;
+}
+
+bool is_device_type(const c10::Type& t) {
+  return unwrap_optional(t).kind() == c10::TypeKind::DeviceObjType;
+}
+
+// The device the real program would compute a result on: a factory's
+// device argument, else the first tensor argument's (a wrapper reports the
+// program's device), else the CPU. `args` as the program passed them.
+c10::Device result_device(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  const auto& params = schema.arguments();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (is_device_type(*params[i].real_type()) && args[i].isDevice()) return args[i].toDevice();
+  }
+  for (const c10::IValue& v : args) {
+    if (v.isTensor() && v.toTensor().defined()) return v.toTensor().device();
+    if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined()) return e.toTensor().device();
+      }
+    }
+  }
+  return c10::Device(c10::kCPU);
+}
+
+// "Could not run 'aten::nonzero' with arguments from the 'Meta' backend":
+// the operator that had no meta kernel (it may be called by the one traced).
+std::string operator_without_meta_kernel(const std::string& message) {
+  const std::string prefix = "Could not run '";
+  size_t at = message.find(prefix);
+  if (at == std::string::npos || message.find("'Meta' backend", at) == std::string::npos) return "";
+  size_t begin = at + prefix.size();
+  size_t end = message.find('\'', begin);
+  return end == std::string::npos ? "" : message.substr(begin, end - begin);
+}
+
+[[noreturn]] void throw_meta_unsupported(const OpCall& c, const std::string& inner) {
+  std::string via = inner.empty() || inner == c.target ? "" : " (it calls " + inner + ")";
+  const std::string& op = inner.empty() ? c.target : inner;
+  auto handle = c10::Dispatcher::singleton().findSchema(parse_operator_name(op));
+  if (handle && handle->hasTag(at::Tag::dynamic_output_shape)) {
+    throw TraceError(c.target + via +
+                     ": the shape of its result depends on tensor values, and in meta mode "
+                     "tensors have no values. Trace without meta mode. Schema: " +
+                     schema_str(c.schema));
+  }
+  throw TraceError(op + " has no meta kernel" + via +
+                   " (LibTorch has none for it and torchcap provides none), so meta mode cannot "
+                   "run it without computing. Trace without meta mode. Schema: " +
+                   schema_str(c.schema));
+}
+
+// The operator's meta kernel on the meta values (Note [Meta mode]).
+void run_meta(TraceState& st, const OpCall& c) {
+  // An operator tagged dynamic_output_shape may still have a meta kernel
+  // for the cases where the shape is known (index.Tensor with integer
+  // indices); with a boolean mask, that kernel calls nonzero, caught below.
+  if (!c.op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) throw_meta_unsupported(c, "");
+  const auto& params = c.schema.arguments();
+  for (size_t i = 0; i < c.num_args(); ++i) {
+    c10::IValue& v = (*c.stack)[c.base + i];
+    if (is_device_type(*params[i].real_type())) {
+      v = c10::Device(c10::kMeta);
+    } else {
+      v = meta_argument(st, v);
+    }
+  }
+  try {
+    c.op.callBoxed(c.stack);
+  } catch (const c10::Error& e) {
+    std::string inner = operator_without_meta_kernel(e.what_without_backtrace());
+    if (inner.empty()) throw;
+    throw_meta_unsupported(c, inner);
+  }
+}
+
+// Step 3: the operator on the real tensors (in meta mode on meta ones, Note
+// [Meta mode]). Attributes about to be written are snapshotted first (Note
+// [Attributes written during a trace]). Returns the arguments as the program
+// passed them (wrappers included).
+std::vector<c10::IValue> run_operator(TraceState& st, const OpCall& c,
+                                      const std::vector<bool>& written) {
+  std::vector<c10::IValue> original(c.stack->begin() + c.base, c.stack->end());
+  if (st.meta()) {
+    run_meta(st, c);
+    return original;
+  }
   for (size_t i = 0; i < c.num_args(); ++i) {
     if (written[i] && c.arg(i).isTensor()) st.before_write(c.arg(i).toTensor());
   }
-  std::vector<c10::IValue> original(c.stack->begin() + c.base, c.stack->end());
   for (size_t i = 0; i < c.num_args(); ++i) (*c.stack)[c.base + i] = unwrap(c.arg(i));
   c.op.callBoxed(c.stack);
   return original;
@@ -379,14 +513,23 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
                     const std::vector<c10::IValue>& original) {
   const auto& returns = c.schema.returns();
   const size_t rbase = c.stack->size() - returns.size();
+  // The device the program sees its results on: in meta mode not the meta
+  // device the values are on (Note [Meta mode]).
+  c10::optional<c10::Device> device;
+  if (st.meta()) device = result_device(c.schema, original);
   // As upstream: undefined outputs become empty tensors.
   for (size_t j = 0; j < returns.size(); ++j) {
     c10::IValue& out = (*c.stack)[rbase + j];
-    if (out.isTensor() && !out.toTensor().defined()) out = at::empty({0});
+    if (out.isTensor() && !out.toTensor().defined()) {
+      out = st.meta() ? at::empty({0}, at::TensorOptions().device(c10::kMeta)) : at::empty({0});
+    }
   }
   Graph& g = st.graph();
   Node* node = record_node(g, c.op, std::move(args), std::move(kwargs));
   node->meta().val = result_meta(c.schema, c10::ArrayRef<c10::IValue>(*c.stack).slice(rbase));
+  if (device) {
+    for (TensorMeta& m : node->meta().val.tensors) m.device = *device;
+  }
   record_source(st, node);
 
   const bool multi = returns.size() > 1;
@@ -416,7 +559,8 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
     int a = aliased_argument_of(c.schema, returns[j]);
     bool immutable = a >= 0 && is_immutable_tensor(original[a]);
     auto wrap = [&](const at::Tensor& t, int64_t index) {
-      at::Tensor wrapped = make_tracing_tensor(t, index < 0 ? node : nullptr, st.id(), immutable);
+      at::Tensor wrapped =
+          make_tracing_tensor(t, index < 0 ? node : nullptr, st.id(), immutable, device);
       if (index >= 0) maybe_get_tracing_impl(wrapped)->rebind_to_output(node, index);
       return wrapped;
     };
@@ -436,10 +580,15 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   OpCall c{op, schema, qualified_name(schema.operator_name()), stack,
            stack->size() - schema.arguments().size()};
-  check_data_dependence(st, c);
+  if (check_data_dependence(st, c) && st.meta()) {
+    // at::equal(x, x): true, which a meta kernel cannot say.
+    c.stack->erase(c.stack->begin() + static_cast<std::ptrdiff_t>(c.base), c.stack->end());
+    c.stack->emplace_back(true);
+    return;
+  }
   std::vector<bool> written = check_writes(c);
   auto [args, kwargs] = record_arguments(st, c);
-  std::vector<c10::IValue> original = run_real(st, c, written);
+  std::vector<c10::IValue> original = run_operator(st, c, written);
   if (!has_tensor_results(c)) return;
   record_results(st, c, std::move(args), std::move(kwargs), original);
 }

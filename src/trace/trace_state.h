@@ -61,6 +61,14 @@ class TraceState {
   // during a trace]).
   void before_write(const at::Tensor& t);
 
+  // Meta mode (TraceOptions::meta, Note [Meta mode] in dispatch.cpp).
+  bool meta() const { return options_.meta; }
+  // What the program computes with in place of plain tensor `t` (a
+  // parameter, a buffer, a constant): a meta tensor of its dtype, shape and
+  // strides, the same one every time (writes to it are then seen by later
+  // reads of its metadata). `t` itself when it is on the meta device.
+  at::Tensor stand_in(const at::Tensor& t);
+
  private:
   struct Known {
     at::Tensor tensor;  // strong reference: identity by address needs it alive
@@ -75,6 +83,8 @@ class TraceState {
   GraphModule module_;
   std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors_;
   std::unordered_map<c10::TensorImpl*, Known> known_;
+  // Meta stand-ins of plain tensors, beside a strong reference to each.
+  std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> stand_ins_;
   std::unordered_set<std::string> preserve_;
   int64_t next_constant_ = 0;
   const Node* origin_ = nullptr;

@@ -4,10 +4,12 @@
 #include <torchcap/tracing_tensor.h>
 
 #include "graph/operator_name.h"
+#include "kernels/meta_kernels.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/api/include/torch/nn/module.h>
 
@@ -163,6 +165,7 @@ at::Tensor TraceState::attribute_tensor(const std::string& name, const at::Tenso
   module_.set_attribute(name, value, kind);
   Node* node = graph().get_attr(name);
   node->meta().val = ValueMeta::tensor(TensorMeta::of(value));
+  if (meta()) return make_tracing_tensor(stand_in(value), node, id_, /*immutable=*/false, value.device());
   return make_tracing_tensor(value, node, id_, /*immutable=*/false);
 }
 
@@ -172,7 +175,24 @@ void TraceState::rebind_plain(const at::Tensor& t, Node* node) {
   it->second.node = node;
 }
 
+at::Tensor TraceState::stand_in(const at::Tensor& t) {
+  if (t.is_meta()) return t;
+  auto it = stand_ins_.find(t.unsafeGetTensorImpl());
+  if (it == stand_ins_.end()) {
+    if (t.layout() != c10::kStrided) {
+      throw TraceError("meta mode: the program uses a " + c10::str(t.layout()) +
+                       " tensor, which has no meta form; only strided (dense) tensors can be "
+                       "traced in meta mode");
+    }
+    at::Tensor meta = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+    it = stand_ins_.emplace(t.unsafeGetTensorImpl(), std::make_pair(t, std::move(meta))).first;
+  }
+  return it->second.second;
+}
+
 void TraceState::before_write(const at::Tensor& t) {
+  // In meta mode nothing writes to real memory.
+  if (meta()) return;
   at::Tensor value = unwrap_tracing_tensor(t);
   if (!value.has_storage() || known_.empty()) return;
   const c10::StorageImpl* storage = value.storage().unsafeGetStorageImpl();
@@ -214,6 +234,7 @@ std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleSt
 TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
                       const TraceOptions& options, const ModuleState& state) {
   ensure_tracer_registered();
+  if (options.meta) ensure_meta_kernels();  // Note [Meta kernels LibTorch 1.13 lacks]
   TraceState st(options, module_tensors(state));
   Graph& g = st.graph();
 
@@ -228,7 +249,21 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
                        " is a traced tensor of another trace; pass real tensors as inputs");
     }
     Node* ph = g.placeholder("ph_" + std::to_string(i));
-    ph->meta().val = ValueMeta::tensor(TensorMeta::of(t));
+    TensorMeta meta = TensorMeta::of(t);
+    if (options.meta) {
+      // A meta input is a shape: it stands for a CPU tensor. The program
+      // works on a meta tensor, which nothing writes to the caller's.
+      if (meta.device.is_meta()) meta.device = c10::Device(c10::kCPU);
+      ph->meta().val = ValueMeta::tensor(meta);
+      at::Tensor value = t.is_meta() ? t.detach()
+                                     : at::empty_strided(t.sizes(), t.strides(),
+                                                         t.options().device(c10::kMeta));
+      wrapped.emplace_back(make_tracing_tensor(value, ph, st.id(),
+                                               /*immutable=*/!options.allow_input_mutation,
+                                               meta.device));
+      continue;
+    }
+    ph->meta().val = ValueMeta::tensor(meta);
     // Writable inputs are copies: the caller's tensors keep their values.
     at::Tensor value = options.allow_input_mutation ? t.detach().clone() : t.detach();
     wrapped.emplace_back(

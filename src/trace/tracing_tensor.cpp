@@ -6,6 +6,7 @@
 #include "trace/trace_state.h"
 
 #include <ATen/core/Formatting.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -19,15 +20,19 @@ namespace {
 // bits are handled when the real operator runs on the real tensor).
 constexpr c10::DispatchKeySet kPropagatedKeys({c10::DispatchKey::CPU, c10::DispatchKey::CUDA});
 
-c10::DispatchKeySet wrapper_keys(const at::Tensor& value) {
-  return c10::DispatchKeySet(detail::kTracerKey) | (value.key_set() & kPropagatedKeys);
+c10::DispatchKeySet wrapper_keys(const at::Tensor& value, c10::optional<c10::Device> device) {
+  if (!device) return c10::DispatchKeySet(detail::kTracerKey) | (value.key_set() & kPropagatedKeys);
+  c10::DispatchKeySet backend;
+  if (device->is_cpu()) backend = c10::DispatchKeySet(c10::DispatchKey::CPU);
+  if (device->is_cuda()) backend = c10::DispatchKeySet(c10::DispatchKey::CUDA);
+  return c10::DispatchKeySet(detail::kTracerKey) | backend;
 }
 
 }  // namespace
 
 TracingTensorImpl::TracingTensorImpl(at::Tensor value, Node* node, uint64_t trace_id,
-                                     bool immutable)
-    : c10::TensorImpl(wrapper_keys(value), value.dtype(), value.device()),
+                                     bool immutable, c10::optional<c10::Device> device)
+    : c10::TensorImpl(wrapper_keys(value, device), value.dtype(), device ? *device : value.device()),
       value_(std::move(value)),
       node_(node),
       trace_id_(trace_id),
@@ -78,12 +83,19 @@ bool TracingTensorImpl::has_storage() const {
     return false;
   }
   auto* self = const_cast<TracingTensorImpl*>(this);
+  // In meta mode the factory made no memory: the constant gets real memory,
+  // on the device the program asked for, and the writes land there.
+  at::Tensor written = value_;
   {
     c10::impl::ExcludeDispatchKeyGuard no_tracer(detail::kTracerKey);
-    self->rebind(st->node_for(value_, "a tensor built by raw writes"));
+    if (value_.is_meta() && !device().is_meta()) {
+      written = at::empty_strided(value_.sizes(), value_.strides(),
+                                  value_.options().device(device()));
+    }
+    self->rebind(st->node_for(written, "a tensor built by raw writes"));
   }
-  self->storage_ = value_.storage();
-  self->storage_offset_ = value_.storage_offset();
+  self->storage_ = written.storage();
+  self->storage_offset_ = written.storage_offset();
   self->storage_exposed_ = true;
   return true;
 }
@@ -108,7 +120,9 @@ void TracingTensorImpl::shallow_copy_from(const c10::intrusive_ptr<TensorImpl>&)
 
 c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::copy_with(
     c10::VariableVersion version_counter, bool allow_tensor_metadata_change) const {
-  auto copy = c10::make_intrusive<TracingTensorImpl>(value_, node_, trace_id_, immutable_);
+  auto copy = c10::make_intrusive<TracingTensorImpl>(
+      value_, node_, trace_id_, immutable_,
+      device() != value_.device() ? c10::make_optional(device()) : c10::nullopt);
   copy->source_ = source_;
   copy->source_index_ = source_index_;
   if (storage_exposed_) {
@@ -144,9 +158,10 @@ TracingTensorImpl* maybe_get_tracing_impl(const at::TensorBase& t) {
   return dynamic_cast<TracingTensorImpl*>(t.unsafeGetTensorImpl());
 }
 
-at::Tensor make_tracing_tensor(at::Tensor value, Node* node, uint64_t trace_id, bool immutable) {
-  return at::Tensor(
-      c10::make_intrusive<TracingTensorImpl>(std::move(value), node, trace_id, immutable));
+at::Tensor make_tracing_tensor(at::Tensor value, Node* node, uint64_t trace_id, bool immutable,
+                               c10::optional<c10::Device> device) {
+  return at::Tensor(c10::make_intrusive<TracingTensorImpl>(std::move(value), node, trace_id,
+                                                           immutable, device));
 }
 
 at::Tensor unwrap_tracing_tensor(const at::Tensor& t) {

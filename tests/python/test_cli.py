@@ -182,6 +182,44 @@ def test_torchvision_export(torchvision_models, tmp_path):
     assert j["max_abs_diff"] <= 1e-4
 
 
+def test_torchvision_meta_mode(torchvision_models, tmp_path):
+    # Shapes only, nothing computed, no check; the graph is the real trace's.
+    model = torchvision_models / "resnet18.pt"
+    out = tmp_path / "meta.tcg"
+    text = run("trace", model, "--input", "1x3x224x224", "--meta", "-o", out).stdout
+    assert "not checked against the model (--meta: nothing was computed)" in text
+    real = tmp_path / "real.tcg"
+    run("trace", model, "--input", "1x3x224x224", "-o", real)
+    assert run("show", out, "--graph").stdout == run("show", real, "--graph").stdout
+    # The graph holds the model's weights: it runs like the model.
+    x = torchvision_models / "resnet18_input.pt"
+    y = tmp_path / "y.pt"
+    run("run", out, "--input", x, "-o", y)
+    expected = torch.load(torchvision_models / "resnet18_expected.pt")
+    torch.testing.assert_close(torch.load(y), expected, rtol=1e-4, atol=1e-4)
+    j = json.loads(run("trace", model, "--input", "1x3x224x224", "--meta", "--export",
+                       "--json").stdout)
+    assert j["max_abs_diff"] is None and j["ops"]["aten::convolution"] == 20
+
+
+def test_meta_mode_data_dependent_operator(tmp_path):
+    code = "\n".join([
+        "import torch",
+        "class M(torch.nn.Module):",
+        "    def forward(self, x):",
+        "        return x[x > 0]",
+        f"torch.jit.script(M()).save({str(tmp_path / 'mask.pt')!r})",
+    ])
+    script = tmp_path / "make_model.py"
+    script.write_text(code)
+    subprocess.run([sys.executable, str(script)], check=True)
+    result = run("trace", tmp_path / "mask.pt", "--input", "4", "--meta", check=False)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert "depends on tensor values, and in meta mode tensors have no values" in lines[0]
+    assert lines[-1] == "    return x[x > 0]"
+
+
 # --- errors: one line, non-zero exit --------------------------------------------------
 
 def test_unknown_flag():

@@ -1,0 +1,158 @@
+// Meta mode against real mode and eager execution, in one run.
+//
+//   meta_bench models    MLP-200, ResNet-18 and ViT-B/32: eager, real-mode and
+//                        meta-mode trace times, per-node figures and ratios
+//   meta_bench decoder   a GPT-2-XL-sized decoder built on the meta device:
+//                        meta-mode trace time and peak resident memory (run
+//                        it in a process of its own: the peak is the
+//                        process's)
+//
+// Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
+// trace_bench; meta mode computes nothing, so its figure is trace / nodes.
+#include "bench_util.h"
+#include "models.h"
+#include "transformers.h"
+#include "zoo.h"
+
+#include <torchcap/tracer.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+
+namespace torchcap::bench {
+namespace {
+
+struct Program {
+  std::string name;
+  ModuleState state;
+  TracedFunction forward;
+  std::vector<c10::IValue> inputs;
+};
+
+Program from_example(const std::string& name) {
+  auto e = std::make_shared<examples::Example>(examples::make(name));
+  Program p{name, e->module ? ModuleState::of(*e->module) : ModuleState{}, e->forward,
+            e->make_inputs(0)};
+  // The example owns the module the function calls.
+  p.forward = [e](std::vector<c10::IValue> in) { return e->forward(std::move(in)); };
+  return p;
+}
+
+Program vit_b32() {
+  torch::manual_seed(0);
+  examples::ViTOptions options;
+  options.patch_size = 32;
+  auto model = std::make_shared<examples::ViT>(options);
+  model->eval();
+  return {"vit_b32", ModuleState::of(*model),
+          [model](std::vector<c10::IValue> in) { return c10::IValue(model->forward(in[0].toTensor())); },
+          {at::randn({1, 3, 224, 224})}};
+}
+
+std::vector<c10::IValue> as_meta(const std::vector<c10::IValue>& in) {
+  std::vector<c10::IValue> out;
+  for (const c10::IValue& v : in) out.emplace_back(v.toTensor().to(at::kMeta));
+  return out;
+}
+
+void compare(Program& p) {
+  TraceOptions meta;
+  meta.meta = true;
+  size_t nodes = 0, meta_nodes = 0;
+  auto eager = [&] {
+    at::NoGradGuard no_grad;
+    p.forward(p.inputs);
+  };
+  auto real = [&] { nodes = trace(p.state, p.forward, p.inputs).graph().size(); };
+  auto in_meta = [&] { meta_nodes = trace(p.state, p.forward, p.inputs, meta).graph().size(); };
+  std::vector<c10::IValue> shapes = as_meta(p.inputs);
+  auto shapes_only = [&] { trace(p.state, p.forward, shapes, meta); };
+
+  int iters = iterations_for(eager, 0.2);
+  // Models that take seconds eagerly get fewer runs.
+  const bool slow = iters == 1;
+  double t_eager = median_seconds(eager, slow ? 3 : 7, iters, slow ? 1 : 2);
+  double t_real = median_seconds(real, slow ? 3 : 7, iters, slow ? 1 : 2);
+  int meta_iters = iterations_for(in_meta, 0.05);
+  double t_meta = median_seconds(in_meta, 7, meta_iters);
+  double t_shapes = median_seconds(shapes_only, 7, meta_iters);
+
+  const std::string prefix = "meta/" + p.name + "/";
+  print(prefix + "nodes", static_cast<double>(nodes), "nodes");
+  print(prefix + "eager", t_eager * 1e3, "ms");
+  print(prefix + "real_trace", t_real * 1e3, "ms");
+  print(prefix + "meta_trace", t_meta * 1e3, "ms");
+  print(prefix + "meta_trace_shapes_only", t_shapes * 1e3, "ms");
+  print(prefix + "real_overhead_per_node", (t_real - t_eager) / nodes * 1e6, "us");
+  print(prefix + "meta_per_node", t_meta / meta_nodes * 1e6, "us");
+  print(prefix + "real_over_eager", t_real / t_eager, "x");
+  print(prefix + "meta_over_eager", t_meta / t_eager, "x");
+  if (meta_nodes != nodes) print(prefix + "MISMATCH_meta_nodes", static_cast<double>(meta_nodes), "nodes");
+}
+
+void models() {
+  print("meta/threads", at::get_num_threads(), "threads");
+  for (const std::string name : {"mlp200", "resnet18"}) {
+    Program p = from_example(name);
+    compare(p);
+  }
+  Program vit = vit_b32();
+  compare(vit);
+}
+
+void decoder() {
+  size_t rss_start = rss_bytes();
+  auto t0 = std::chrono::steady_clock::now();
+  auto model = std::make_shared<examples::Decoder>(examples::DecoderOptions{},
+                                                   torch::Device(torch::kMeta));
+  double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int64_t parameters = 0;
+  for (const at::Tensor& t : model->parameters()) parameters += t.numel();
+  const int64_t tokens = 1024;
+  std::vector<c10::IValue> inputs = {
+      at::empty({1, tokens}, at::TensorOptions().dtype(at::kLong).device(at::kMeta))};
+  TracedFunction forward = [model](std::vector<c10::IValue> in) {
+    return c10::IValue(model->forward(in[0].toTensor()));
+  };
+  ModuleState state = ModuleState::of(*model);
+  TraceOptions meta;
+  meta.meta = true;
+  size_t rss_before = rss_bytes();
+
+  t0 = std::chrono::steady_clock::now();
+  GraphModule gm = trace(state, forward, inputs, meta);
+  double first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_t nodes = gm.graph().size();
+  double t = median_seconds([&] { trace(state, forward, inputs, meta); }, 5, 1, 1);
+
+  print("meta/gpt2_xl/parameters", parameters / 1e9, "billion");
+  print("meta/gpt2_xl/tokens", static_cast<double>(tokens), "tokens");
+  print("meta/gpt2_xl/nodes", static_cast<double>(nodes), "nodes");
+  print("meta/gpt2_xl/build_model_on_meta", build_s * 1e3, "ms");
+  print("meta/gpt2_xl/meta_trace_first", first_s * 1e3, "ms");
+  print("meta/gpt2_xl/meta_trace", t * 1e3, "ms");
+  print("meta/gpt2_xl/meta_per_node", t / nodes * 1e6, "us");
+  print("meta/gpt2_xl/rss_at_start", rss_start / 1048576.0, "MiB");
+  print("meta/gpt2_xl/rss_before_trace", rss_before / 1048576.0, "MiB");
+  print("meta/gpt2_xl/peak_rss", peak_rss_bytes() / 1048576.0, "MiB");
+}
+
+}  // namespace
+}  // namespace torchcap::bench
+
+int main(int argc, char** argv) {
+  std::string which = argc > 1 ? argv[1] : "models";
+  if (which == "models") {
+    torchcap::bench::models();
+  } else if (which == "decoder") {
+    torchcap::bench::decoder();
+  } else {
+    std::cerr << "usage: meta_bench [models|decoder]\n";
+    return 2;
+  }
+  return 0;
+}
