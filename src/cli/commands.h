@@ -23,9 +23,11 @@ namespace torchcap::cli {
 torch::jit::Module load_torchscript(const std::string& path);
 // The forward's parameters, without `self`.
 std::vector<c10::Argument> forward_parameters(torch::jit::Module& m);
-// The --input values by the forward's declared parameter types (cli_inputs.h).
+// The --input values by the forward's declared parameter types (cli_inputs.h);
+// with `shapes_only` (--meta), shapes give meta tensors.
 std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string& name,
-                                        const std::vector<std::string>& specs);
+                                        const std::vector<std::string>& specs,
+                                        bool shapes_only = false);
 
 // `torchcap trace --train`: the training step of a TorchScript model.
 struct TrainCommand {

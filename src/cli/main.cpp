@@ -584,6 +584,7 @@ int main_impl(int argc, char** argv) {
     if (!train_args.train) throw Error("--loss, --target and the optimizer's options need --train");
     if (!trace_args.example.empty()) throw Error("--train takes a TorchScript file, not --example");
     if (trace_args.inference) throw Error("--train and --inference exclude each other: training needs autograd");
+    if (trace_args.meta) throw Error("--train and --meta exclude each other: a training step is captured by running it");
     return cmd_trace_train(trace_args.model, trace_args.inputs, train_args, trace_args.output,
                            !no_check, trace_args.as_json, *trace_cmd);
   }
