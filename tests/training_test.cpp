@@ -328,6 +328,18 @@ TEST(Training, RefusesInferenceMode) {
                TraceError);
 }
 
+TEST(Training, RefusesMetaMode) {
+  torch::nn::Sequential model(torch::nn::Linear(2, 2));
+  TrainingOptions options;
+  options.trace.meta = true;
+  try {
+    export_training(model, losses::mse(), {at::randn({1, 2})}, {at::randn({1, 2})}, options);
+    FAIL() << "meta mode was accepted";
+  } catch (const TraceError& e) {
+    EXPECT_NE(std::string(e.what()).find("TraceOptions::meta is set"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace torchcap
 

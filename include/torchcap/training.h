@@ -82,7 +82,8 @@ LossFunction cross_entropy();
 
 struct TrainingOptions {
   Optimizer optimizer;
-  // Options of the trace (inference_mode is refused: training needs autograd).
+  // Options of the trace (inference_mode is refused: training needs autograd;
+  // meta is refused: the step is captured by running it).
   TraceOptions trace;
 };
 

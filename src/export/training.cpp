@@ -278,6 +278,11 @@ GraphModule capture(ModuleState state, bool training, const TracedFunction& forw
   if (options.trace.inference_mode) {
     throw TraceError("export_training: TraceOptions::inference_mode is set; training needs autograd");
   }
+  if (options.trace.meta) {
+    throw TraceError(
+        "export_training: TraceOptions::meta is set; a training step is captured by running the "
+        "forward and backward passes on real tensors, so meta mode is not supported");
+  }
   for (const auto* list : {&state.parameters, &state.buffers}) {
     for (const auto& named : *list) {
       if (named.first == "optimizer" || named.first.rfind("optimizer.", 0) == 0) {
