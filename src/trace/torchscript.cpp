@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <unordered_map>
 
 namespace torchcap {
@@ -184,13 +185,28 @@ std::optional<ModelError> model_error_from(const std::string& text) {
     if (starts_with(lines[i], "Traceback of TorchScript")) begin = i + 1;
   }
   if (begin == lines.size()) return std::nullopt;
+  // The message starts at "Class: text" after the last mark. Source lines of
+  // the context can start at column 0 too (a module-level function's `def`),
+  // so an unindented line alone does not end the traceback.
+  size_t message_at = lines.size();
+  size_t last_mark = begin;
+  for (size_t i = begin; i < lines.size(); ++i) {
+    if (is_highlight(strip(lines[i]))) last_mark = i + 1;
+  }
+  static const std::regex exception_line(R"(^[A-Za-z_][A-Za-z0-9_.]*: )");
+  for (size_t i = last_mark; i < lines.size() && message_at == lines.size(); ++i) {
+    if (std::regex_search(lines[i], exception_line)) message_at = i;
+  }
+  for (size_t i = begin; i < lines.size() && message_at == lines.size(); ++i) {
+    if (!lines[i].empty() && lines[i][0] != ' ') message_at = i;  // no mark: the first unindented line
+  }
   std::string traceback, message;
   std::string previous;  // the last source line seen in the current frame
   bool frame_has_code = false;
   for (size_t i = begin; i < lines.size(); ++i) {
     const std::string& line = lines[i];
     std::string trimmed = strip(line);
-    if (!message.empty() || (!line.empty() && line[0] != ' ')) {
+    if (i >= message_at) {
       if (!trimmed.empty()) message += (message.empty() ? "" : " ") + trimmed;
     } else if (starts_with(trimmed, "File \"")) {
       traceback += "  " + trimmed + "\n";

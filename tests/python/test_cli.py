@@ -292,6 +292,31 @@ def test_error_inside_the_model(torchvision_models):
     assert len(result.stderr) < 2000
 
 
+def test_error_inside_a_module_level_function(tmp_path):
+    # The traceback's source lines of a module-level function start at column
+    # 0 (window attention models have them): they are not the message.
+    code = "\n".join([
+        "import torch",
+        "def window(x, k: int):",
+        "    b, n = x.shape",
+        "    return x.view(b, n // k, k + 1)",
+        "class M(torch.nn.Module):",
+        "    def forward(self, x):",
+        "        return window(x * 2, 3)",
+        f"torch.jit.script(M()).save({str(tmp_path / 'window.pt')!r})",
+    ])
+    script = tmp_path / "make_model.py"
+    script.write_text(code)
+    subprocess.run([sys.executable, str(script)], check=True)
+    result = run("trace", tmp_path / "window.pt", "--input", "2x6", check=False)
+    lines = result.stderr.rstrip("\n").splitlines()
+    assert lines[0] == ("torchcap: error: the model failed: shape '[2, 2, 4]' is invalid for "
+                        "input of size 12")
+    # TorchScript's original-code traceback has the failing function's frame.
+    assert lines[1:] == [f'  File "{script}", line 4, in window',
+                         "    return x.view(b, n // k, k + 1)"]
+
+
 def test_missing_inputs(torchvision_models):
     assert "give the inputs" in error_of("trace", torchvision_models / "resnet18.pt")
 
