@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       {"nested", t::nested_spec_module()},
       {"attributes", t::attribute_zoo_module()},
       {"signature", t::signature_module()},
+      {"weightless", t::weightless_module()},
   };
   for (const auto& [name, gm] : seeds) {
     std::string bytes = torchcap::save_to_string(gm);

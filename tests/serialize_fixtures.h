@@ -169,6 +169,36 @@ inline GraphModule small_module() {
   return gm;
 }
 
+// A weightless module (version 1.3): `w` (f32[2, 3]) is a meta tensor, saved
+// without bytes; `b` (f32[3]) is stored. It computes topk(x + 0.5 * w + b, 2)
+// values, with operators that have meta kernels. weightless_module_bound() is
+// the same module with `w` holding arange(6).
+inline GraphModule weightless_module() {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* w = g.get_attr("w");
+  Node* b = g.get_attr("b");
+  Node* add = g.call_function("aten::add.Tensor", {x, w}, {{"alpha", 0.5}});
+  Node* shift = g.call_function("aten::add.Tensor", {add, b});
+  Node* top = g.call_function("aten::topk", {shift, 2});
+  Node* vals = g.getitem(top, 0);
+  g.output({vals});
+  gm.set_flat_specs();
+  x->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 3}));
+  top->meta().val = ValueMeta{ValueKind::Tuple, {meta(c10::kFloat, {2, 2}), meta(c10::kLong, {2, 2})}};
+  gm.set_attribute("w", at::empty({2, 3}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta)),
+                   AttributeKind::Parameter);
+  gm.set_attribute("b", at::tensor({0.25f, -1.0f, 2.0f}), AttributeKind::Buffer);
+  return gm;
+}
+
+inline GraphModule weightless_module_bound() {
+  GraphModule gm = weightless_module();
+  gm.set_attribute("w", at::arange(6, at::kFloat).reshape({2, 3}), AttributeKind::Parameter);
+  return gm;
+}
+
 // A signature as export_program makes one: a user output, then the new values
 // of a buffer and of an input.
 inline GraphModule signature_module() {

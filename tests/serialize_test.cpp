@@ -967,7 +967,9 @@ TEST(LoadEarlierVersions, StillLoad) {
 TEST(LoadVersion10, RejectsWhatOnlyLaterVersionsHave) {
   std::string b = as_version_10(valid());
   std::string with_crc = with_json(b, [](Json& d) { d["tensors"][0]["crc32"] = 0; });
-  EXPECT_EQ(load_error(with_crc), at_tensor(with_crc, 0) + "tensors[0]: unknown key 'crc32'");
+  EXPECT_EQ(load_error(with_crc), at_tensor(with_crc, 0) +
+                                      "tensors[0]: unknown key 'crc32' in a file of version 1.0 "
+                                      "(version 1.1 added it)");
   TcgFile::put(b, 12, 72, 4);
   EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 72 is not 64, the header size of version 1.0");
 }
@@ -1306,13 +1308,15 @@ TEST(LoadRejects, FuzzNumberOverflow) {
 TEST(LoadVersion11, RejectsWhatOnlyLaterVersionsHave) {
   std::string b = as_version(valid(), 1);
   std::string stacks = with_json(b, [](Json& d) { d["module_stacks"] = Json::array(); });
-  EXPECT_EQ(load_error(stacks), "f.tcg: byte 72: unknown key 'module_stacks'");
+  EXPECT_EQ(load_error(stacks), "f.tcg: byte 72: unknown key 'module_stacks' in a file of version "
+                                "1.1 (version 1.2 added it)");
   std::string code = with_json(b, [](Json& d) {
     d["nodes"][3]["meta"] = {{"stack_trace", {{{"file", "a.py"}, {"line", 1}, {"function", "f"},
                                                {"code", "x"}}}}};
   });
   EXPECT_EQ(load_error(code), at_node(code, 3) +
-                                  "node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code'");
+                                  "node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code' in "
+                                  "a file of version 1.1 (version 1.2 added it)");
 }
 
 TEST(LoadRejects, ModuleStackOutOfRange) {
@@ -1343,6 +1347,198 @@ TEST(Load, NodesUnderAnEscapedKeyStillLoad) {
   f.json.replace(at, 8, "\"nod\\u0065s\":");
   std::string b = f.bytes();
   expect_same_module(gm, load_from_buffer(b.data(), b.size(), "f.tcg"));
+}
+
+// Weightless tensors (version 1.3) ----------------------------------------------
+
+at::Tensor meta_tensor(std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                       c10::ScalarType dtype = at::kFloat) {
+  return at::empty_strided(sizes, strides, at::TensorOptions().dtype(dtype).device(at::kMeta));
+}
+
+// The message load_from_buffer gives with `options`, or "" if it loads.
+std::string load_error(const std::string& bytes, const LoadOptions& options) {
+  try {
+    load_from_buffer(bytes.data(), bytes.size(), "f.tcg", options);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Weightless, FilesWithoutThemAreWrittenAsVersion12) {
+  EXPECT_EQ(TcgFile::get(valid(), 10, 2), 2u);
+  EXPECT_EQ(TcgFile::get(save_to_string(testing::attribute_zoo_module()), 10, 2), 2u);
+}
+
+TEST(Weightless, MetaTensorsAreSavedWithoutBytes) {
+  std::string b = save_to_string(testing::weightless_module());
+  EXPECT_EQ(TcgFile::get(b, 10, 2), 3u);
+  TcgFile f = TcgFile::parse(b);
+  nlohmann::ordered_json doc = nlohmann::ordered_json::parse(f.json);
+  EXPECT_EQ(doc["tensors"][0].dump(),
+            R"({"name":"w","dtype":"float32","sizes":[2,3],"strides":[3,1],"weightless":true})");
+  EXPECT_TRUE(doc["tensors"][1].contains("offset"));  // b: stored
+  EXPECT_EQ(f.data.size(), 12u);                     // b's 12 bytes, nothing for w
+}
+
+TEST(Weightless, LoadWithoutWeightsGivesMetaTensors) {
+  GraphModule gm = round_trip(testing::weightless_module());
+  const at::Tensor& w = gm.attribute("w").value;
+  EXPECT_TRUE(w.is_meta());
+  EXPECT_EQ(w.scalar_type(), at::kFloat);
+  EXPECT_EQ(w.sizes(), c10::IntArrayRef({2, 3}));
+  EXPECT_EQ(w.strides(), c10::IntArrayRef({3, 1}));
+  ASSERT_TRUE(gm.has_unbound_weights());
+  ASSERT_EQ(gm.unbound_attributes().size(), 1u);
+  EXPECT_EQ(gm.unbound_attributes()[0]->name, "w");
+  EXPECT_FALSE(gm.attribute("b").value.is_meta());
+  // Shown, printed and saved again as it was.
+  EXPECT_EQ(save_to_string(gm), save_to_string(testing::weightless_module()));
+}
+
+TEST(Weightless, LoadWithWeightsRunsLikeTheStoredModule) {
+  GraphModule full = testing::weightless_module_bound();
+  std::string b = save_to_string(testing::weightless_module());
+  LoadOptions options;
+  options.weights = {{"w", full.attribute("w").value}};
+  GraphModule gm = load_from_buffer(b.data(), b.size(), "f.tcg", options);
+  EXPECT_FALSE(gm.has_unbound_weights());
+  EXPECT_EQ(gm.attribute("w").value.data_ptr(), full.attribute("w").value.data_ptr());  // not copied
+  at::Tensor x = at::randn({2, 3});
+  EXPECT_TRUE(at::equal(Interpreter(gm).run_flat({x})[0], Interpreter(full).run_flat({x})[0]));
+}
+
+TEST(Weightless, StridesAndTiesAreKept) {
+  GraphModule gm = testing::weightless_module();
+  // w is the transpose of a contiguous [3, 2] tensor, tied under a second name.
+  at::Tensor w = meta_tensor({2, 3}, {1, 2});
+  gm.set_attribute("w", w, AttributeKind::Parameter);
+  gm.set_attribute("w2", w, AttributeKind::Parameter);
+  std::string b = save_to_string(gm);
+  Json doc = Json::parse(TcgFile::parse(b).json);
+  EXPECT_EQ(doc["tensors"].size(), 2u);  // w, b
+  GraphModule loaded = load_from_buffer(b.data(), b.size());
+  EXPECT_EQ(loaded.attribute("w").value.strides(), c10::IntArrayRef({1, 2}));
+  EXPECT_EQ(loaded.attribute("w").value.unsafeGetTensorImpl(),
+            loaded.attribute("w2").value.unsafeGetTensorImpl());
+  // Bound by its second name; a contiguous weight is copied into the
+  // recorded strides, and both names get it.
+  at::Tensor given = at::arange(6, at::kFloat).reshape({2, 3});
+  LoadOptions options;
+  options.weights = {{"w2", given}};
+  GraphModule bound = load_from_buffer(b.data(), b.size(), "f.tcg", options);
+  const at::Tensor& v = bound.attribute("w").value;
+  EXPECT_EQ(v.strides(), c10::IntArrayRef({1, 2}));
+  EXPECT_TRUE(at::equal(v, given));
+  EXPECT_EQ(v.unsafeGetTensorImpl(), bound.attribute("w2").value.unsafeGetTensorImpl());
+}
+
+TEST(Weightless, WeightErrorsNameEveryProblem) {
+  std::string b = save_to_string(testing::weightless_module());
+  auto with = [](NamedTensors w, bool strict = true) {
+    LoadOptions o;
+    o.weights = std::move(w);
+    o.strict_weights = strict;
+    return o;
+  };
+  EXPECT_EQ(load_error(b, with({{"b", at::ones({3})}})),
+            "f.tcg: the weights do not fit the module's attributes:\n"
+            "  missing: parameter 'w' (f32[2, 3])");
+  EXPECT_EQ(load_error(b, with({{"w", at::zeros({3, 2})}})),
+            "f.tcg: the weights do not fit the module's attributes:\n"
+            "  weight 'w' (parameter): expected f32[2, 3], got f32[3, 2]");
+  EXPECT_EQ(load_error(b, with({{"w", at::zeros({2, 3}, at::kDouble)}})),
+            "f.tcg: the weights do not fit the module's attributes:\n"
+            "  weight 'w' (parameter): expected f32[2, 3], got f64[2, 3]");
+  EXPECT_EQ(load_error(b, with({{"w", meta_tensor({2, 3}, {3, 1})}})),
+            "f.tcg: the weights do not fit the module's attributes:\n"
+            "  weight 'w' (parameter): the tensor is on the meta device: it has no values to "
+            "bind");
+  EXPECT_EQ(load_error(b, with({{"w", at::zeros({2, 3})}, {"fc.bias", at::zeros({3})}})),
+            "f.tcg: the weights do not fit the module's attributes:\n"
+            "  extra: weight 'fc.bias' is not an attribute of the module "
+            "(LoadOptions::strict_weights = false ignores such weights)");
+  EXPECT_EQ(load_error(b, with({{"w", at::zeros({2, 3})}, {"fc.bias", at::zeros({3})}}, false)),
+            "");
+  // All at once, in one message.
+  std::string all = load_error(b, with({{"b", at::ones({2})}, {"extra", at::ones({1})}}));
+  EXPECT_NE(all.find("missing: parameter 'w'"), std::string::npos) << all;
+  EXPECT_NE(all.find("weight 'b' (buffer): expected f32[3], got f32[2]"), std::string::npos) << all;
+  EXPECT_NE(all.find("extra: weight 'extra'"), std::string::npos) << all;
+  // A WeightError, not a FormatError: the file is fine.
+  LoadOptions missing = with({{"b", at::ones({3})}});
+  EXPECT_THROW(load_from_buffer(b.data(), b.size(), "f.tcg", missing), WeightError);
+}
+
+TEST(Weightless, WeightsReplaceStoredAttributes) {
+  std::string b = valid();
+  LoadOptions o;
+  at::Tensor w = at::full({2, 3}, 7.0);
+  o.weights = {{"w", w}};
+  GraphModule gm = load_from_buffer(b.data(), b.size(), "f.tcg", o);
+  EXPECT_EQ(gm.attribute("w").value.data_ptr(), w.data_ptr());
+}
+
+TEST(Weightless, RunningUnboundWeightsIsRefused) {
+  GraphModule gm = round_trip(testing::weightless_module());
+  Interpreter interp(gm);  // building the plan is fine
+  try {
+    interp.run_flat({at::randn({2, 3})});
+    FAIL() << "ran with unbound weights";
+  } catch (const WeightError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "the module's weights are not bound: 1 attribute(s) hold no values (the module was "
+              "traced on the meta device or loaded from a weightless file): parameter 'w' "
+              "(f32[2, 3]). Bind them first: torchcap::load(path, {.weights = ...}) or "
+              "GraphModule::bind_weights");
+  }
+  // On meta inputs the run only computes shapes, which meta weights serve
+  // (when every attribute is one: LibTorch mixes no meta and CPU tensors).
+  gm.set_attribute("b", meta_tensor({3}, {1}), AttributeKind::Buffer);
+  at::Tensor out = Interpreter(gm).run_flat({meta_tensor({2, 3}, {3, 1})})[0];
+  EXPECT_TRUE(out.is_meta());
+  EXPECT_EQ(out.sizes(), c10::IntArrayRef({2, 2}));
+}
+
+TEST(LoadRejects, WeightlessThatIsNotTrue) {
+  std::string b = save_to_string(testing::weightless_module());
+  std::string f = with_json(b, [](Json& d) { d["tensors"][0]["weightless"] = false; });
+  EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): weightless: expected true, "
+                                             "got a boolean");
+}
+
+TEST(LoadRejects, WeightlessTensorWithBytes) {
+  std::string b = save_to_string(testing::weightless_module());
+  std::string f = with_json(b, [](Json& d) { d["tensors"][0]["offset"] = 0; });
+  EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): offset: a weightless tensor "
+                                             "has no bytes in the file, so no 'offset'");
+}
+
+TEST(LoadRejects, WeightlessTensorOfAQuantizedDtype) {
+  std::string b = save_to_string(testing::weightless_module());
+  std::string f = with_json(b, [](Json& d) { d["tensors"][0]["dtype"] = "qint8"; });
+  EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): dtype: tensors of dtype "
+                                             "qint8 cannot be stored in the data section");
+}
+
+TEST(LoadRejects, WeightlessSizesThatOverflow) {
+  std::string b = save_to_string(testing::weightless_module());
+  std::string f = with_json(b, [](Json& d) {
+    d["tensors"][0]["sizes"] = {int64_t{1} << 40, int64_t{1} << 40};
+    d["tensors"][0]["strides"] = {int64_t{1} << 40, 1};
+  });
+  EXPECT_EQ(load_error(f), at_tensor(f, 0) +
+                               "tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with "
+                               "strides [1099511627776, 1] span more bytes than 64 bits can count");
+}
+
+TEST(LoadRejects, WeightlessTensorInAFileOfVersion12) {
+  std::string b = save_to_string(testing::weightless_module());
+  TcgFile::put_header(b, 10, 2, 2);
+  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
+                               "tensors[0]: unknown key 'weightless' in a file of version 1.2 "
+                               "(version 1.3 added it)");
 }
 
 }  // namespace

@@ -63,6 +63,15 @@ class InputError : public Error {
   using Error::Error;
 };
 
+// Weights given to a module do not fit its attributes (a missing, extra,
+// mis-shaped or mis-typed weight), or a module with weightless attributes
+// (graph_module.h) was run before they were bound. The message names every
+// weight involved and what was expected.
+class WeightError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A graph failed while running; the message names the node.
 class RuntimeError : public Error {
  public:

@@ -58,6 +58,23 @@ struct Attribute {
   AttributeKind kind = AttributeKind::Constant;
 };
 
+// Tensors by attribute name, as a state dict names them ("layer1.0.conv1.weight").
+using NamedTensors = std::map<std::string, at::Tensor>;
+
+// Note [Weightless attributes]: an attribute whose tensor is on the meta
+// device has a dtype, sizes and strides but no values. A module traced from a
+// model built on the meta device has such attributes, and `save` stores them
+// without bytes (a weightless file, docs/FORMAT.md); `load` gives them back as
+// meta tensors unless LoadOptions::weights binds them. A module with unbound
+// weights can be printed, passed through passes and saved, but not run: the
+// Interpreter refuses it with a WeightError naming them.
+struct BindOptions {
+  // Refuse a weight whose name is not an attribute of the module. Off, such
+  // weights are ignored: a state dict holds entries a graph may not read
+  // (BatchNorm's num_batches_tracked, a head the traced forward skips).
+  bool strict = true;
+};
+
 class GraphModule {
  public:
   GraphModule();
@@ -79,6 +96,22 @@ class GraphModule {
   const Attribute& attribute(const std::string& name) const;
   // Removes attributes no get_attr node names; returns how many were removed.
   size_t remove_unused_attributes();
+
+  // The attributes without values (on the meta device), in order: Note
+  // [Weightless attributes].
+  std::vector<const Attribute*> unbound_attributes() const;
+  bool has_unbound_weights() const;
+  // Sets attributes from `weights`, by name. Every unbound attribute needs a
+  // weight; a bound one keeps its tensor unless `weights` names it. Attributes
+  // that share one tensor (tied weights) take the weight given for the first
+  // of their names that `weights` has. Each weight must have its attribute's
+  // dtype and sizes, hold values (not be a meta tensor) and may be on any
+  // device. It is used as given, sharing its memory, unless its strides differ
+  // from the attribute's: then it is copied into the attribute's strides (as
+  // torch.nn's load_state_dict copies into a parameter), so the graph sees the
+  // layout it was traced with. Checks everything before changing anything,
+  // and throws one WeightError listing every problem.
+  void bind_weights(const NamedTensors& weights, const BindOptions& options = {});
 
   // The structure of the program's arguments (a tuple of them) and result.
   TreeSpec in_spec;

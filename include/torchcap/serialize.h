@@ -17,6 +17,7 @@
 #pragma once
 
 #include <torchcap/graph_module.h>
+#include <torchcap/tracer.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -28,8 +29,10 @@ namespace torchcap {
 // version with any minor version (minor versions only add optional content).
 inline constexpr uint16_t kFormatMajorVersion = 1;
 // Version 1.1 added checksums, 1.2 source lines in stack frames and module
-// stacks; files of versions 1.0 and 1.1 are still read.
-inline constexpr uint16_t kFormatMinorVersion = 2;
+// stacks, 1.3 weightless tensors (saved without their values); files of
+// every earlier version are still read. A module without weightless tensors
+// is written as version 1.2, which older readers read too.
+inline constexpr uint16_t kFormatMinorVersion = 3;
 
 struct LoadOptions {
   // Check the CRC-32 checksums a file of version 1.1 or later carries: of its
@@ -40,6 +43,18 @@ struct LoadOptions {
   // `make bench`). Off, tensor pages are read only when first used and damage
   // to their bytes goes unnoticed; every structural check still runs.
   bool verify_checksums = true;
+  // Values for the module's attributes, by name (a state dict's names,
+  // "layer1.0.conv1.weight"): bound after loading with
+  // GraphModule::bind_weights, which checks each one's dtype and sizes. A
+  // weightless file (saved from a model on the meta device) needs one for
+  // each weightless tensor; without any, it loads with meta tensors, which
+  // can be shown and saved but not run. Weights for attributes the file
+  // stores replace the stored tensors. Errors are WeightErrors naming every
+  // missing, extra and mismatched weight.
+  NamedTensors weights;
+  // Refuse a weight that names no attribute of the module. Off, such weights
+  // are ignored (a full state dict for a graph that reads only part of it).
+  bool strict_weights = true;
 };
 
 // Writes `gm` to `path`. The bytes go to a temporary file in the same
@@ -52,8 +67,13 @@ void save(const GraphModule& gm, const std::string& path);
 // The bytes `save` would write.
 std::string save_to_string(const GraphModule& gm);
 
-// Reads and verifies a file written by `save`. Throws FormatError.
+// Reads and verifies a file written by `save`. Throws FormatError, and
+// WeightError when LoadOptions::weights do not fit.
 GraphModule load(const std::string& path, const LoadOptions& options = {});
+
+// The parameters and buffers of a model by name, for LoadOptions::weights:
+//   torchcap::load("gpt.tcg", {.weights = torchcap::named_tensors(torchcap::ModuleState::of(*model))})
+NamedTensors named_tensors(const ModuleState& state);
 
 // The same, from bytes in memory. The bytes are copied once into an aligned
 // block that the tensors then share, so `data` may be freed afterwards.

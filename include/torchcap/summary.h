@@ -20,6 +20,10 @@ struct GraphSummary {
   std::map<std::string, size_t> ops;
   // Attributes by kind: count and bytes.
   std::map<AttributeKind, std::pair<size_t, size_t>> attributes;
+  // Of those, the weightless ones (graph_module.h): count, and the bytes
+  // their values would take once bound.
+  size_t weightless = 0;
+  size_t weightless_bytes = 0;
   std::vector<std::string> input_types;   // "f32[1, 3, 224, 224]" per placeholder
   std::vector<std::string> output_types;  // per output value
 };

@@ -12,5 +12,13 @@ class TraceError(Error):
     The message names the operator or the argument, and the user's line."""
 
 
+class WeightError(Error):
+    """Weights given to torchcap.load do not fit the module's attributes (a
+    missing, extra, mis-shaped or mis-typed weight), or a module loaded from a
+    weightless file was called before its weights were bound.
+
+    The message names every weight involved and what was expected."""
+
+
 # Shown as torchcap.TraceError in tracebacks, where users import them from.
-Error.__module__ = TraceError.__module__ = "torchcap"
+Error.__module__ = TraceError.__module__ = WeightError.__module__ = "torchcap"

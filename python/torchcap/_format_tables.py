@@ -6,7 +6,7 @@ TABLES = json.loads(r"""
 {
  "version": {
   "major": 1,
-  "minor": 2
+  "minor": 3
  },
  "header": {
   "magic": [
@@ -223,7 +223,8 @@ TABLES = json.loads(r"""
    "strides": 0,
    "offset": 0,
    "length": 0,
-   "crc32": 1
+   "crc32": 1,
+   "weightless": 3
   },
   "attribute": {
    "name": 0,

@@ -27,8 +27,10 @@ import zlib
 
 import torch
 import torch.fx
+import torch.utils._pytree as _pytree
 from torch.fx.graph import CodeGen
 
+from torchcap._errors import WeightError
 from torchcap._format_tables import TABLES as _TABLES
 
 # Note [Wire tokens] in src/serialize/format.h: the format's constants and
@@ -432,7 +434,11 @@ class _Reader:
         allowed = _KEYS[table]
         for k in obj:
             if allowed.get(k, self.minor + 1) > self.minor:
-                self.fail(offset, f"{label}unknown key '{k}'")
+                # A key of a later version in a file that says it is older: say so.
+                since = allowed.get(k)
+                later = (f" in a file of version {FORMAT_MAJOR_VERSION}.{self.minor} (version "
+                         f"1.{since} added it)" if since is not None else "")
+                self.fail(offset, f"{label}unknown key '{k}'{later}")
 
     # --- Typed fields ---------------------------------------------------------
 
@@ -526,6 +532,9 @@ class _Reader:
             if len(strides) != len(sizes):
                 self.fail(t, f"{label}strides: {len(strides)} strides for {len(sizes)} "
                                     "dimensions")
+            if "weightless" in entry:
+                self.tensors.append(self.weightless(entry, dtype_name, sizes, strides, t, label))
+                continue
             offset = self.integer(self.member(entry, "offset", t, label), t,
                                   label + "offset: ", 0)
             length = self.integer(self.member(entry, "length", t, label), t,
@@ -585,6 +594,25 @@ class _Reader:
                 self.fail(self.element_offset("tensors", index),
                           f"tensor '{name}' (tensors[{index}]): its bytes overlap those of "
                           f"tensor '{other}'")
+
+    def weightless(self, entry, dtype_name, sizes, strides, t, label):
+        """A tensor table entry without bytes (Note [Weightless tensors] in
+        src/serialize/format.h): a meta tensor, for load(weights=...) to bind."""
+        flag = entry["weightless"]
+        if flag is not True:
+            self.fail(t, f"{label}weightless: expected true, got {_json_type(flag)}")
+        for key in ("offset", "length", "crc32"):
+            if key in entry:
+                self.fail(t, f"{label}{key}: a weightless tensor has no bytes in the file, so "
+                             f"no '{key}'")
+        item = _ITEM_SIZES[dtype_name]
+        span = 0 if any(s == 0 for s in sizes) else (
+            1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * item
+        if span > _INT64_MAX or math.prod(sizes) > _INT64_MAX:
+            self.fail(t, f"{label}sizes {sizes} with strides {strides} span more bytes than 64 "
+                         "bits can count")
+        return torch.empty_strided(sizes, strides, dtype=_STORABLE_DTYPES[dtype_name],
+                                   device="meta")
 
     # --- Module stacks --------------------------------------------------------
 
@@ -955,7 +983,7 @@ class _Reader:
 
     # --- The module -----------------------------------------------------------
 
-    def read(self):
+    def read(self, weights=None, strict=True):
         self.read_header()
         self.read_json()
         self.read_tensors()
@@ -984,16 +1012,23 @@ class _Reader:
             written = [self.env[t] for k, t in mutations if k == "input_mutation"]
             self.output.args = ((list(results), written),)
 
+        attributes = self.attributes
+        if weights is not None:
+            try:
+                attributes = _bind(attributes, weights, strict)
+            except WeightError as e:
+                raise WeightError(f"{self.path}: {e}") from None
         # The attributes go onto the GraphModule directly (in file order, each
         # at its dotted path): GraphModule(root, graph) would copy only those a
         # get_attr names. The graph comes last, which generates forward().
         gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
                                   class_name="TorchcapGraphModule")
-        for i, (name, kind, tensor) in enumerate(self.attributes):
+        made = {}  # id(tensor) -> its Parameter: tied parameters stay one Parameter
+        for i, (name, kind, tensor) in enumerate(attributes):
             def fail(what, i=i, name=name):
                 self.fail(self.element_offset("attributes", i),
                           f"attribute '{name}' (attributes[{i}]): {what}")
-            _set_attribute(gm, name, kind, tensor, fail)
+            _set_attribute(gm, name, kind, tensor, fail, made)
         names = {a[0] for a in self.attributes}
         for node in self.graph.nodes:
             if node.op == "get_attr" and node.target not in names:
@@ -1003,6 +1038,9 @@ class _Reader:
             in_spec, out_spec, mutations,
             {name: node.name for name, node in self.env.items() if node.op == "placeholder"}))
         gm.graph = self.graph
+        gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
+        if any(t is not None and t.is_meta for _, _, t in attributes):
+            gm.register_forward_pre_hook(_refuse_unbound_weights)
         return gm
 
 
@@ -1047,8 +1085,11 @@ def _tensor_metadata(dtype, sizes, strides):
                           qparams={})
 
 
-def _set_attribute(root, path, kind, tensor, fail):
-    """Registers `tensor` at dotted `path` below `root`, making submodules on the way."""
+def _set_attribute(root, path, kind, tensor, fail, made):
+    """Registers `tensor` at dotted `path` below `root`, making submodules on the way.
+
+    `made` maps id(tensor) to the Parameter made for it, so that attributes
+    sharing a tensor share one Parameter, as tied weights in torch.nn do."""
     *parents, leaf = path.split(".")
     owner = root
     for i, part in enumerate(parents):
@@ -1066,10 +1107,147 @@ def _set_attribute(root, path, kind, tensor, fail):
              + ("a submodule" if leaf in owner._modules else "torch.nn.Module")
              + "; Python cannot hold this attribute")
     if kind == "parameter":
-        owner.register_parameter(
-            leaf, None if tensor is None else torch.nn.Parameter(tensor, requires_grad=False))
+        param = None
+        if tensor is not None:
+            param = made.get(id(tensor))
+            if param is None:
+                param = made[id(tensor)] = torch.nn.Parameter(tensor, requires_grad=False)
+        owner.register_parameter(leaf, param)
     else:
         owner.register_buffer(leaf, tensor)
+
+
+# Short dtype names, as the C++ printer writes them (src/graph/meta.cpp), for
+# messages that read like the C++ loader's.
+_SHORT_DTYPE_NAMES = {
+    "float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+    "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "b8",
+    "complex32": "c32", "complex64": "c64", "complex128": "c128"}
+
+
+def _describe(t):
+    """f32[16, 8]; the device only when it is neither the CPU nor meta."""
+    name = str(t.dtype).replace("torch.", "")
+    text = f"{_SHORT_DTYPE_NAMES.get(name, name)}[{', '.join(str(s) for s in t.shape)}]"
+    return text if t.device.type in ("cpu", "meta") else f"{text}@{t.device}"
+
+
+def _dense(t):
+    """Whether `t`'s strides lay its elements out without gaps or overlap."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _in_recorded_layout(w, recorded):
+    """`w`, copied into `recorded`'s strides when they differ where it matters
+    (as load_state_dict copies into a parameter); the graph then sees the
+    layout it was traced with."""
+    if all(s <= 1 or a == b for s, a, b in zip(w.shape, w.stride(), recorded.stride())):
+        return w
+    if not _dense(recorded):
+        return w
+    with torch.no_grad():
+        out = torch.empty_strided(recorded.shape, recorded.stride(), dtype=w.dtype,
+                                  device=w.device)
+        out.copy_(w)
+    return out
+
+
+def _bind(attributes, weights, strict):
+    """(name, kind, tensor) of each attribute with `weights` bound, by name.
+
+    The rules of the C++ GraphModule::bind_weights: every weightless (meta)
+    attribute needs a weight; a stored one keeps its tensor unless `weights`
+    names it; attributes that share a tensor take the weight of the first of
+    their names that `weights` has; each weight must hold values and have its
+    attribute's dtype and shape. Raises WeightError listing every problem.
+    """
+    if not hasattr(weights, "items"):
+        raise WeightError(f"weights must be a dict of tensors by name (a state dict), not a "
+                          f"{type(weights).__name__}")
+    groups = {}  # id(tensor) -> attribute indices; an undefined attribute stands alone
+    for i, (_, _, tensor) in enumerate(attributes):
+        groups.setdefault(id(tensor) if tensor is not None else ("none", i), []).append(i)
+    missing, problems, bound = [], [], {}  # missing weights are listed first
+    for members in groups.values():
+        name0, kind, current = attributes[members[0]]
+        given = next(((attributes[i][0], weights[attributes[i][0]]) for i in members
+                      if attributes[i][0] in weights), None)
+        if given is None:
+            if current is not None and current.is_meta:
+                missing.append(f"missing: {kind} '{name0}' ({_describe(current)})")
+            continue
+        name, w = given
+        where = f"weight '{name}' ({kind}): "
+        if current is None:
+            problems.append(where + "the module's attribute is undefined (None), so it takes "
+                                    "no tensor")
+        elif not isinstance(w, torch.Tensor):
+            problems.append(where + f"expected {_describe(current)}, got a "
+                                    f"{type(w).__name__}")
+        elif w.is_meta:
+            problems.append(where + "the tensor is on the meta device: it has no values to bind")
+        elif w.dtype != current.dtype or w.shape != current.shape:
+            problems.append(where + f"expected {_describe(current)}, got {_describe(w)}")
+        else:
+            w = _in_recorded_layout(w.detach(), current)
+            for i in members:
+                bound[i] = w
+    problems = missing + problems
+    if strict:
+        names = {a[0] for a in attributes}
+        for name in sorted(weights):
+            if name not in names:
+                problems.append(f"extra: weight '{name}' is not an attribute of the module "
+                                f"(strict=False ignores such weights)")
+    if problems:
+        shown = problems[:20]
+        more = [f"... and {len(problems) - 20} more"] if len(problems) > 20 else []
+        raise WeightError("the weights do not fit the module's attributes:\n  "
+                          + "\n  ".join(shown + more))
+    return [(name, kind, bound.get(i, tensor)) for i, (name, kind, tensor) in
+            enumerate(attributes)]
+
+
+def _unbound(module):
+    """'parameter 'fc.weight' (f32[4, 8])' for each attribute of a loaded module
+    that holds no values."""
+    out = []
+    for name, kind in getattr(module, "_torchcap_attributes", ()):
+        owner_path, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        t = getattr(owner, leaf, None)
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            out.append(f"{kind} '{name}' ({_describe(t)})")
+    return out
+
+
+def _refuse_unbound_weights(module, args):
+    """A forward pre-hook of modules loaded with weightless attributes
+    (Note [Runs with unbound weights] in src/runtime/interpreter.cpp): a call
+    on real inputs is refused, naming them, instead of failing inside an
+    operator or returning meta tensors. Calls on meta inputs only compute
+    shapes and go ahead. Once every attribute holds values (given to it by
+    to_empty and load_state_dict, say) the hook removes itself."""
+    unbound = _unbound(module)
+    if not unbound:
+        for key, hook in list(module._forward_pre_hooks.items()):
+            if hook is _refuse_unbound_weights:
+                del module._forward_pre_hooks[key]
+        return None
+    leaves = _pytree.tree_flatten(args)[0]
+    tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+    if tensors and all(t.is_meta for t in tensors):
+        return None
+    shown = ", ".join(unbound[:5]) + (f" and {len(unbound) - 5} more" if len(unbound) > 5 else "")
+    raise WeightError(f"the module's weights are not bound: {len(unbound)} attribute(s) hold no "
+                      f"values (the module was traced on the meta device or loaded from a "
+                      f"weightless file): {shown}. Bind them first: torchcap.load(path, "
+                      f"weights=state_dict)")
 
 
 def _scan_json(text):
@@ -1145,7 +1323,7 @@ def _first_big_integer(text):
     return 0, "?"
 
 
-def load(path, verify_checksums=True):
+def load(path, verify_checksums=True, weights=None, strict=True):
     """Reads a `.tcg` file written by torchcap::save into a torch.fx.GraphModule.
 
     Parameters become nn.Parameters (requires_grad=False), buffers and
@@ -1157,6 +1335,18 @@ def load(path, verify_checksums=True):
     verify_checksums: check the CRC-32s of a version 1.1 file (header, JSON,
     each tensor's bytes), which reads the whole file once; off, damage to
     tensor bytes goes unnoticed.
+
+    weights: tensors for the module's attributes by name, such as a model's
+    state_dict(). A weightless file (saved from a model on the meta device)
+    needs one for each of its weightless tensors; without weights it loads
+    with meta tensors, and calling the module on real inputs raises
+    torchcap.WeightError naming them. Weights for attributes the file stores
+    replace them. Each weight must have its attribute's dtype and shape; it is
+    used as given (not copied) unless its strides differ from the recorded
+    ones. Problems raise torchcap.WeightError listing every missing, extra and
+    mismatched weight.
+    strict: refuse weights that name no attribute of the module (a state
+    dict's num_batches_tracked, say); False ignores them.
     """
     path = os.fspath(path)
     st = os.stat(path)
@@ -1168,6 +1358,6 @@ def load(path, verify_checksums=True):
         else:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     try:
-        return _Reader(path, buf, verify_checksums).read()
+        return _Reader(path, buf, verify_checksums).read(weights, strict)
     except RecursionError:
         raise ValueError(f"{path}: the JSON nests too deeply") from None

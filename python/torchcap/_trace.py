@@ -20,7 +20,7 @@ import torch.nn
 import torch.utils._pytree as pytree
 
 from torchcap._errors import Error, TraceError
-from torchcap._load import TorchcapCodeGen, _Spec, _tensor_metadata
+from torchcap._load import TorchcapCodeGen, _Spec, _refuse_unbound_weights, _tensor_metadata
 
 try:
     from torchcap import _C
@@ -301,6 +301,12 @@ def _to_fx(graph, kwargs):
     gm.graph = fx_graph  # generates forward()
     gm._torchcap_graph = graph
     gm._torchcap_code = gm.code
+    # A model traced on the meta device: running the graph on real inputs is
+    # refused until its weights hold values (Note [Runs with unbound weights]).
+    attributes = [(name, kind) for name, kind, _ in graph.attributes()]
+    gm._torchcap_attributes = attributes
+    if any(isinstance(t, torch.Tensor) and t.is_meta for _, _, t in graph.attributes()):
+        gm.register_forward_pre_hook(_refuse_unbound_weights)
     return gm
 
 

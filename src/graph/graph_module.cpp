@@ -2,6 +2,10 @@
 #include <torchcap/graph_module.h>
 #include <torchcap/printer.h>
 
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/GradMode.h>
+
+#include <unordered_map>
 #include <unordered_set>
 
 namespace torchcap {
@@ -130,6 +134,129 @@ void GraphModule::set_specs(TreeSpec in, TreeSpec out) {
   out_spec = std::move(out);
   const Node* node = graph_->output_node();
   output_specs.assign(node == nullptr ? 0 : node->args()[0].to_list().size(), OutputSpec{});
+}
+
+std::vector<const Attribute*> GraphModule::unbound_attributes() const {
+  std::vector<const Attribute*> out;
+  for (const Attribute& a : attributes_) {
+    if (a.value.defined() && a.value.is_meta()) out.push_back(&a);
+  }
+  return out;
+}
+
+bool GraphModule::has_unbound_weights() const {
+  for (const Attribute& a : attributes_) {
+    if (a.value.defined() && a.value.is_meta()) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// "f32[16, 8]"; the device only when it is neither the CPU nor meta (a
+// weightless attribute's dtype and sizes are what matter).
+std::string describe_weight(const at::Tensor& t) {
+  TensorMeta m = TensorMeta::of(t);
+  if (m.device.is_meta()) m.device = c10::Device(c10::kCPU);
+  return m.str();
+}
+
+// `w` in the strides `recorded` has, when they differ in a dimension that
+// matters (size above 1) and `recorded` is a dense layout a copy can take.
+at::Tensor in_recorded_layout(const at::Tensor& w, const at::Tensor& recorded) {
+  bool same = true;
+  for (int64_t d = 0; d < w.dim(); ++d) {
+    if (w.size(d) > 1 && w.stride(d) != recorded.stride(d)) same = false;
+  }
+  if (same || !recorded.unsafeGetTensorImpl()->is_non_overlapping_and_dense()) return w;
+  c10::AutoGradMode no_grad(false);
+  at::Tensor out = at::empty_strided(recorded.sizes(), recorded.strides(), w.options());
+  out.copy_(w);
+  return out;
+}
+
+}  // namespace
+
+void GraphModule::bind_weights(const NamedTensors& weights, const BindOptions& options) {
+  // Attributes that share one tensor (tied weights) form one group, bound together.
+  std::vector<std::vector<size_t>> groups;
+  std::unordered_map<const c10::TensorImpl*, size_t> group_of;
+  for (size_t i = 0; i < attributes_.size(); ++i) {
+    const at::Tensor& v = attributes_[i].value;
+    if (!v.defined()) {
+      groups.push_back({i});
+      continue;
+    }
+    auto [it, inserted] = group_of.emplace(v.unsafeGetTensorImpl(), groups.size());
+    if (inserted) {
+      groups.push_back({i});
+    } else {
+      groups[it->second].push_back(i);
+    }
+  }
+
+  // Missing weights first, then mismatched ones, then extra ones.
+  std::vector<std::string> missing, problems;
+  std::vector<at::Tensor> bound(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Attribute& a = attributes_[groups[g][0]];
+    const std::string kind = attribute_kind_name(a.kind);
+    const at::Tensor* given = nullptr;
+    std::string name;
+    for (size_t i : groups[g]) {
+      auto it = weights.find(attributes_[i].name);
+      if (it != weights.end()) {
+        given = &it->second;
+        name = it->first;
+        break;
+      }
+    }
+    if (given == nullptr) {
+      if (a.value.defined() && a.value.is_meta()) {
+        missing.push_back("missing: " + kind + " '" + a.name + "' (" + describe_weight(a.value) +
+                          ")");
+      }
+      continue;
+    }
+    const at::Tensor& w = *given;
+    const std::string where = "weight '" + name + "' (" + kind + "): ";
+    if (!a.value.defined()) {
+      problems.push_back(where + "the module's attribute is undefined (None), so it takes no "
+                                 "tensor");
+    } else if (!w.defined()) {
+      problems.push_back(where + "expected " + describe_weight(a.value) +
+                         ", got an undefined tensor");
+    } else if (w.is_meta()) {
+      problems.push_back(where + "the tensor is on the meta device: it has no values to bind");
+    } else if (w.scalar_type() != a.value.scalar_type() || w.sizes() != a.value.sizes()) {
+      problems.push_back(where + "expected " + describe_weight(a.value) + ", got " +
+                         describe_weight(w));
+    } else {
+      bound[g] = in_recorded_layout(w, a.value);
+    }
+  }
+  problems.insert(problems.begin(), missing.begin(), missing.end());
+  if (options.strict) {
+    for (const auto& [name, t] : weights) {
+      if (!has_attribute(name)) {
+        problems.push_back("extra: weight '" + name + "' is not an attribute of the module "
+                           "(BindOptions::strict = false ignores such weights)");
+      }
+    }
+  }
+  if (!problems.empty()) {
+    constexpr size_t kShown = 20;
+    std::string message = "the weights do not fit the module's attributes:";
+    for (size_t i = 0; i < problems.size() && i < kShown; ++i) message += "\n  " + problems[i];
+    if (problems.size() > kShown) {
+      message += "\n  ... and " + std::to_string(problems.size() - kShown) + " more";
+    }
+    throw WeightError(message);
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!bound[g].defined()) continue;
+    for (size_t i : groups[g]) attributes_[i].value = bound[g];
+  }
 }
 
 void GraphModule::lint() const {

@@ -53,6 +53,10 @@ GraphSummary summarize(const GraphModule& gm) {
     auto& entry = s.attributes[a.kind];
     ++entry.first;
     if (a.value.defined()) entry.second += a.value.numel() * a.value.element_size();
+    if (a.value.defined() && a.value.is_meta()) {
+      ++s.weightless;
+      s.weightless_bytes += a.value.numel() * a.value.element_size();
+    }
   }
   return s;
 }
@@ -67,6 +71,12 @@ std::string format_summary(const GraphSummary& s) {
   for (const auto& [kind, entry] : s.attributes) {
     std::snprintf(line, sizeof(line), "%ss: %zu (%s)\n", attribute_kind_name(kind), entry.first,
                   human_bytes(entry.second).c_str());
+    out += line;
+  }
+  if (s.weightless > 0) {
+    std::snprintf(line, sizeof(line),
+                  "weightless: %zu of the attributes (%s) hold no values; bind weights to run\n",
+                  s.weightless, human_bytes(s.weightless_bytes).c_str());
     out += line;
   }
   auto join = [](const std::vector<std::string>& v) {

@@ -120,6 +120,9 @@ struct detail::InterpreterPlan {
   bool updates_buffers = false;
   mutable std::mutex buffer_updates;
   std::vector<NodeInfo> node_infos;
+  // Note [Runs with unbound weights]: the get_attr attributes that hold no
+  // values, as "parameter 'fc.weight' (f32[4, 8])".
+  std::vector<std::string> unbound;
   int32_t num_values = 0;
   size_t max_args = 0;
   TreeSpec in_spec;
@@ -189,7 +192,14 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   }
 
   PlanValue get_attr(const Node& n) override {
-    plan_->attributes.push_back(gm_.attribute(n.target()).value);
+    const Attribute& a = gm_.attribute(n.target());
+    if (a.value.defined() && a.value.is_meta()) {
+      TensorMeta m = TensorMeta::of(a.value);
+      m.device = c10::Device(c10::kCPU);
+      plan_->unbound.push_back(std::string(attribute_kind_name(a.kind)) + " '" + a.name + "' (" +
+                               m.str() + ")");
+    }
+    plan_->attributes.push_back(a.value);
     return {Slot::Kind::Attribute, static_cast<int32_t>(plan_->attributes.size() - 1), false};
   }
 
@@ -410,11 +420,65 @@ void check_inputs(const detail::InterpreterPlan& plan, const std::vector<at::Ten
     }
     if (!c.has_meta) continue;
     const TensorMeta& m = c.meta;
-    if (t.scalar_type() != m.dtype || t.device() != m.device || t.sizes() != c10::IntArrayRef(m.sizes)) {
+    // A placeholder recorded on the meta device (a model traced on meta
+    // tensors, then bound to weights) takes an input on any device, and a
+    // meta input (a run that only computes shapes) goes anywhere.
+    const bool device_ok = t.device() == m.device || m.device.is_meta() || t.is_meta();
+    if (t.scalar_type() != m.dtype || !device_ok || t.sizes() != c10::IntArrayRef(m.sizes)) {
       problems += "\n  " + where + "expected " + m.str() + ", got " + describe_input(t);
     }
   }
   if (!problems.empty()) throw InputError("inputs do not match the graph:" + problems);
+}
+
+bool all_meta(const std::vector<at::Tensor>& inputs) {
+  if (inputs.empty()) return false;
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined() || !t.is_meta()) return false;
+  }
+  return true;
+}
+
+// Note [Runs with unbound weights]: the weights of a weightless module (a
+// model traced on the meta device, or a file saved from one) are meta
+// tensors. Run on real inputs, their operators would fail deep inside a
+// kernel or, worse, return meta tensors that look like results; the run is
+// refused first, naming them. A run on meta inputs only computes shapes,
+// which a meta weight serves, and is allowed.
+void check_bound(const detail::InterpreterPlan& plan, const std::vector<at::Tensor>& inputs) {
+  if (plan.unbound.empty() || all_meta(inputs)) return;
+  constexpr size_t kShown = 5;
+  std::string names;
+  for (size_t i = 0; i < plan.unbound.size() && i < kShown; ++i) {
+    names += (i ? ", " : "") + plan.unbound[i];
+  }
+  if (plan.unbound.size() > kShown) {
+    names += " and " + std::to_string(plan.unbound.size() - kShown) + " more";
+  }
+  throw WeightError("the module's weights are not bound: " + std::to_string(plan.unbound.size()) +
+                    " attribute(s) hold no values (the module was traced on the meta device or "
+                    "loaded from a weightless file): " + names +
+                    ". Bind them first: torchcap::load(path, {.weights = ...}) or "
+                    "GraphModule::bind_weights");
+}
+
+// Never a meta tensor as the result of a run on real inputs: an operator
+// whose device was recorded as meta (a factory called with a meta tensor's
+// options while tracing) would otherwise pass one off as a result.
+void check_no_meta_outputs(const std::vector<at::Tensor>& inputs,
+                           const std::vector<at::Tensor>& outputs) {
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.is_meta()) return;
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].defined() && outputs[i].is_meta()) {
+      throw RuntimeError("output " + std::to_string(i) + " of the run is a meta tensor, which "
+                         "has no values, though no input is: the graph makes it on the meta "
+                         "device (an operator recorded with device='meta' while the model was "
+                         "traced on meta tensors). Trace the model on inputs that are "
+                         "not meta tensors");
+    }
+  }
 }
 
 }  // namespace
@@ -566,6 +630,7 @@ std::vector<at::Tensor> Interpreter::run_checked(const std::vector<at::Tensor>& 
                                                  RunStats& stats) const {
   const detail::InterpreterPlan& plan = *plan_;
   check_inputs(plan, inputs);
+  check_bound(plan, inputs);
   // Note [Concurrent runs that update buffers]
   // Runs that write buffers back read them first: two at once would both
   // read the old value and one update would be lost. They are serialized,
@@ -575,6 +640,7 @@ std::vector<at::Tensor> Interpreter::run_checked(const std::vector<at::Tensor>& 
   if (plan.updates_buffers) buffers.lock();
   check_write_targets(plan, inputs);
   std::vector<at::Tensor> out = execute(inputs, stats);
+  check_no_meta_outputs(inputs, out);
   // Writes the program made, which the exported graph returns as values
   // (export.h): applied now, so a run has the program's effect (Note
   // [Writing back like the program would]).

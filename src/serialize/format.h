@@ -94,8 +94,8 @@ inline constexpr Keys kValue = {{"kind", 0}, {"tensors", 0}};
 inline constexpr Keys kTensorMeta = {{"dtype", 0}, {"sizes", 0}, {"strides", 0}, {"device", 0}};
 inline constexpr Keys kFrame = {{"file", 0}, {"line", 0}, {"function", 0}, {"code", 2}};
 inline constexpr Keys kModuleFrame = {{"path", 2}, {"type", 2}};
-inline constexpr Keys kTensor = {{"name", 0},    {"dtype", 0},  {"sizes", 0}, {"strides", 0},
-                                 {"offset", 0},  {"length", 0}, {"crc32", 1}};
+inline constexpr Keys kTensor = {{"name", 0},   {"dtype", 0},  {"sizes", 0}, {"strides", 0},
+                                 {"offset", 0}, {"length", 0}, {"crc32", 1}, {"weightless", 3}};
 inline constexpr Keys kAttribute = {{"name", 0}, {"kind", 0}, {"tensor", 0}};
 inline constexpr Keys kSignature = {{"outputs", 0}};
 inline constexpr Keys kOutput = {{"kind", 0}, {"target", 0}};
@@ -124,6 +124,25 @@ inline bool has_key(const Keys& keys, const std::string& name, uint16_t minor) {
   }
   return false;
 }
+
+// The minor version that added key `name` to `keys`, or -1 if none did.
+inline int key_since(const Keys& keys, const std::string& name) {
+  for (const Key& k : keys) {
+    if (name == k.name) return k.since;
+  }
+  return -1;
+}
+
+// Note [Weightless tensors]: from version 1.3 a tensor table entry may be
+// weightless, `"weightless": true` in place of `offset`, `length` and
+// `crc32`: the file records the tensor's dtype, sizes and strides but not its
+// values (a model saved from the meta device). Such a tensor loads as a meta
+// tensor and is bound to real values when loading (LoadOptions::weights). The
+// writer writes version 1.3 only for files that have one, and 1.2 otherwise,
+// so that readers of 1.2 still read every other file it writes.
+inline constexpr uint16_t kWeightlessSince = 3;
+// The oldest version the writer writes: checksums and module stacks.
+inline constexpr uint16_t kOldestWrittenMinor = 2;
 
 // Files of version 1.1 and later carry checksums: the header's, the JSON
 // section's, and one per tensor in the tensor table.

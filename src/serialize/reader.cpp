@@ -18,6 +18,7 @@
 #include "serialize/format.h"
 #include "serialize/json_scan.h"
 
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <nlohmann/json.hpp>
 
@@ -186,10 +187,28 @@ class Reader {
     } catch (const LintError& e) {
       fail_at(top_where("nodes").offset, e.what());
     }
+    bind(gm);
     return gm;
   }
 
  private:
+  // Binds LoadOptions::weights. A weightless file loaded without weights
+  // keeps its meta tensors (it can be shown, not run); given weights, every
+  // weightless tensor needs one. The file's name leads the message.
+  void bind(GraphModule& gm) const {
+    if (options_.weights.empty()) return;
+    try {
+      gm.bind_weights(options_.weights, BindOptions{options_.strict_weights});
+    } catch (const WeightError& e) {
+      std::string what = e.what();
+      const std::string hint = "BindOptions::strict = false";
+      if (auto at = what.find(hint); at != std::string::npos) {
+        what.replace(at, hint.size(), "LoadOptions::strict_weights = false");
+      }
+      throw WeightError(source_ + ": " + what);
+    }
+  }
+
   // --- Errors ----------------------------------------------------------------
 
   [[noreturn]] void fail_at(uint64_t offset, const std::string& what) const {
@@ -418,7 +437,14 @@ class Reader {
     if (!strict_) return;
     for (auto it = obj.begin(); it != obj.end(); ++it) {
       if (!format::has_key(allowed, it.key(), h_.minor)) {
-        fail(w, p, "unknown key '" + it.key() + "'");
+        // A key of a later version in a file that says it is older: say so.
+        int since = format::key_since(allowed, it.key());
+        fail(w, p, "unknown key '" + it.key() + "'" +
+                       (since > h_.minor ? " in a file of version " + std::to_string(h_.major) +
+                                               "." + std::to_string(h_.minor) +
+                                               " (version 1." + std::to_string(since) +
+                                               " added it)"
+                                         : std::string()));
       }
     }
   }
@@ -535,6 +561,11 @@ class Reader {
         fail(e, root.at("strides"), std::to_string(strides.size()) + " strides for " +
                                         std::to_string(sizes.size()) + " dimensions");
       }
+      if (auto it = t.find("weightless"); it != t.end()) {
+        read_weightless(t, *it, type, sizes, strides, e);
+        tensor_names_.push_back(name);
+        continue;
+      }
       uint64_t offset = static_cast<uint64_t>(
           non_negative(member(t, "offset", e, root), e, root.at("offset")));
       uint64_t length = static_cast<uint64_t>(
@@ -600,6 +631,30 @@ class Reader {
              Path{}, "its bytes overlap those of tensor '" + tensor_names_[earlier] + "'");
       }
     }
+  }
+
+  // Note [Weightless tensors] in format.h: an entry with its metadata only,
+  // which becomes a meta tensor (no memory) for LoadOptions::weights to bind.
+  void read_weightless(const Json& t, const Json& flag, c10::ScalarType type,
+                       const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                       const Where& e) {
+    Path root;
+    if (!flag.is_boolean() || !flag.get<bool>()) {
+      fail(e, root.at("weightless"), std::string("expected true, got ") + json_type(flag));
+    }
+    for (const char* key : {"offset", "length", "crc32"}) {
+      if (t.contains(key)) {
+        fail(e, root.at(key), "a weightless tensor has no bytes in the file, so no '" +
+                                  std::string(key) + "'");
+      }
+    }
+    uint64_t span = 0;
+    if (!byte_span(sizes, strides, c10::elementSize(type), span)) {
+      fail(e, root, "sizes " + list_str(sizes) + " with strides " + list_str(strides) +
+                        " span more bytes than 64 bits can count");
+    }
+    tensors_.push_back(at::empty_strided(
+        sizes, strides, at::TensorOptions().dtype(type).device(c10::kMeta)));
   }
 
   // The bytes a view covers, from its first to its last element; false on overflow.
@@ -1066,6 +1121,13 @@ class Reader {
 std::string errno_message() { return std::strerror(errno); }
 
 }  // namespace
+
+NamedTensors named_tensors(const ModuleState& state) {
+  NamedTensors out;
+  for (const auto& [name, t] : state.parameters) out.emplace(name, t);
+  for (const auto& [name, t] : state.buffers) out.emplace(name, t);
+  return out;
+}
 
 GraphModule load_from_buffer(const void* data, size_t size, const std::string& source,
                              const LoadOptions& options) {

@@ -172,6 +172,7 @@ struct StoredTensor {
   at::Tensor value;  // what is written: may differ in strides from the attribute
   uint64_t offset = 0;
   uint64_t length = 0;
+  bool weightless = false;  // a meta tensor: metadata only (Note [Weightless tensors])
 };
 
 // Note [Which strides are stored]: a tensor whose view covers no more bytes
@@ -185,6 +186,15 @@ at::Tensor stored_form(const at::Tensor& t, const std::string& where) {
   if (t.layout() != c10::kStrided) {
     fail(where + ": only strided tensors can be stored, this one is " +
          std::string(c10::toString(t.layout())));
+  }
+  if (t.is_meta()) {
+    // Note [Weightless tensors]: only the metadata is written. A meta
+    // tensor's strides are what the tensor bound later should have.
+    if (!format::is_storable_dtype(t.scalar_type())) {
+      fail(where + ": tensors of dtype " + std::string(c10::toString(t.scalar_type())) +
+           " cannot be stored");
+    }
+    return t;
   }
   if (!t.device().is_cpu()) {
     fail(where + ": the tensor is on " + t.device().str() + "; move the module to the CPU first");
@@ -207,6 +217,8 @@ class Writer {
   // Everything is decided before a byte is written: the JSON text, the
   // header, and where each tensor goes.
   void plan() {
+    // The oldest version that holds the module (Note [Weightless tensors]).
+    header_.minor = format::kOldestWrittenMinor;
     // A file that fails lint would be refused by load; refuse it here instead,
     // while the caller still has the module.
     try {
@@ -287,6 +299,7 @@ class Writer {
       }
     };
     for (const StoredTensor& t : tensors_) {
+      if (t.weightless) continue;
       pad_to(header_.data_offset + t.offset);
       if (t.length > 0) sink(t.value.data_ptr(), t.length);
       pos += t.length;
@@ -363,6 +376,12 @@ class Writer {
     StoredTensor t;
     t.name = a.name;
     t.value = stored_form(a.value, where);
+    if (t.value.is_meta()) {
+      t.weightless = true;
+      header_.minor = format::kWeightlessSince;
+      tensors_.push_back(std::move(t));
+      return static_cast<int64_t>(tensors_.size() - 1);
+    }
     t.offset = format::align_up(data_size_);
     t.length = static_cast<uint64_t>(element_span(t.value)) * t.value.element_size();
     data_size_ = t.offset + t.length;
@@ -373,6 +392,14 @@ class Writer {
   Json tensors_json() const {
     Json out = Json::array();
     for (const StoredTensor& t : tensors_) {
+      if (t.weightless) {
+        out.push_back(Json{{"name", t.name},
+                           {"dtype", format::dtype_name(t.value.scalar_type())},
+                           {"sizes", t.value.sizes().vec()},
+                           {"strides", t.value.strides().vec()},
+                           {"weightless", true}});
+        continue;
+      }
       out.push_back(Json{{"name", t.name},
                          {"dtype", format::dtype_name(t.value.scalar_type())},
                          {"sizes", t.value.sizes().vec()},

@@ -242,7 +242,7 @@ def test_custom_operators_resolve_through_torch_ops(files, tmp_path):
 # --- Damaged files -------------------------------------------------------------
 
 HEADER = struct.Struct("<8sHHIQQQQQII")
-JSON_AT = 72  # where versions 1.1 and 1.2 put the JSON section, after a 72-byte header
+JSON_AT = 72  # where versions 1.1 to 1.3 put the JSON section, after a 72-byte header
 
 
 def sections(data):
@@ -473,7 +473,8 @@ def test_version_10_files_still_load(files, tmp_path):
     doc["tensors"][0]["crc32"] = 0
     bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=0)
     offset = 64 + bad[64:].index(b'{"name":"w","dtype"')
-    assert error(tmp_path, bad) == f"f.tcg: byte {offset}: tensors[0]: unknown key 'crc32'"
+    assert error(tmp_path, bad) == (f"f.tcg: byte {offset}: tensors[0]: unknown key 'crc32' in a "
+                                    f"file of version 1.0 (version 1.1 added it)")
 
 
 def test_version_11_files_still_load(files, tmp_path):
@@ -486,14 +487,106 @@ def test_version_11_files_still_load(files, tmp_path):
     # What version 1.2 added is unknown in a 1.1 file.
     doc["module_stacks"] = []
     bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=1)
-    assert error(tmp_path, bad) == "f.tcg: byte 72: unknown key 'module_stacks'"
+    assert error(tmp_path, bad) == ("f.tcg: byte 72: unknown key 'module_stacks' in a file of "
+                                    "version 1.1 (version 1.2 added it)")
     del doc["module_stacks"]
     doc["nodes"][3]["meta"] = {"stack_trace": [{"file": "a.py", "line": 1, "function": "f",
                                                 "code": "x"}]}
     bad = rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=1)
     offset = in_json(bad, b'{"name":"add"')
     assert error(tmp_path, bad) == (
-        f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code'")
+        f"f.tcg: byte {offset}: node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code' in "
+        f"a file of version 1.1 (version 1.2 added it)")
+
+
+# --- Weightless files (version 1.3) ---------------------------------------------
+
+def test_weightless_files_bind_weights_and_run_like_the_cpp_program(files):
+    data = (files / "weightless.tcg").read_bytes()
+    assert struct.unpack_from("<H", data, 10)[0] == 3
+    assert struct.unpack_from("<H", (files / "small.tcg").read_bytes(), 10)[0] == 2
+    weights = unpickle(files / "weightless.weights.pt")
+    gm = torchcap.load(files / "weightless.tcg", weights=weights)
+    assert gm.w.data_ptr() == weights["w"].data_ptr()  # bound as given
+    assert isinstance(gm.w, torch.nn.Parameter) and not gm.w.requires_grad
+    (x,) = unpickle(files / "weightless.inputs.pt")
+    assert_same(gm(x)[0], unpickle(files / "weightless.expected.pt"))  # a flat graph: a tuple
+
+
+def test_weightless_files_load_without_weights_and_refuse_to_run(files):
+    gm = torchcap.load(files / "weightless.tcg")
+    assert gm.w.is_meta and gm.w.shape == (2, 3) and gm.w.stride() == (3, 1)
+    assert not gm.b.is_meta
+    with pytest.raises(torchcap.WeightError) as e:
+        gm(torch.randn(2, 3))
+    assert str(e.value) == (
+        "the module's weights are not bound: 1 attribute(s) hold no values (the module was "
+        "traced on the meta device or loaded from a weightless file): parameter 'w' "
+        "(f32[2, 3]). Bind them first: torchcap.load(path, weights=state_dict)")
+    # Weights for stored attributes replace them; a tensor of the wrong layout
+    # is copied into the recorded strides.
+    w = torch.arange(6.0).reshape(3, 2).t()
+    gm = torchcap.load(files / "weightless.tcg", weights={"w": w, "b": torch.ones(3)})
+    assert gm.w.stride() == (3, 1) and torch.equal(gm.w, w) and torch.equal(gm.b, torch.ones(3))
+
+
+def test_weight_errors_in_the_loader(files):
+    def message(weights, strict=True):
+        with pytest.raises(torchcap.WeightError) as e:
+            torchcap.load(files / "weightless.tcg", weights=weights, strict=strict)
+        return str(e.value).replace(str(files / "weightless.tcg"), "f.tcg")
+
+    head = "f.tcg: the weights do not fit the module's attributes:\n  "
+    assert message({}) == head + "missing: parameter 'w' (f32[2, 3])"
+    assert message({"w": torch.zeros(3, 2)}) == (
+        head + "weight 'w' (parameter): expected f32[2, 3], got f32[3, 2]")
+    assert message({"w": torch.zeros(2, 3, dtype=torch.int64)}) == (
+        head + "weight 'w' (parameter): expected f32[2, 3], got i64[2, 3]")
+    assert message({"w": torch.empty(2, 3, device="meta")}) == (
+        head + "weight 'w' (parameter): the tensor is on the meta device: it has no values to bind")
+    assert message({"w": torch.zeros(2, 3), "c": torch.zeros(1)}) == (
+        head + "extra: weight 'c' is not an attribute of the module (strict=False ignores such "
+               "weights)")
+    torchcap.load(files / "weightless.tcg", weights={"w": torch.zeros(2, 3), "c": torch.zeros(1)},
+                  strict=False)
+    both = message({"b": torch.zeros(2), "c": torch.zeros(1)})
+    assert both == head + "\n  ".join([
+        "missing: parameter 'w' (f32[2, 3])",
+        "weight 'b' (buffer): expected f32[3], got f32[2]",
+        "extra: weight 'c' is not an attribute of the module (strict=False ignores such weights)"])
+
+
+def test_damaged_weightless_entries(files, tmp_path):
+    good = (files / "weightless.tcg").read_bytes()
+    doc, data = sections(good)
+
+    def bad(edit, minor=3):
+        d = json.loads(json.dumps(doc))
+        edit(d)
+        b = rebuild_text(json.dumps(d, separators=(",", ":")).encode(), data, minor=minor)
+        return b, in_json(b, b'{"name":"w","dtype"')
+
+    b, at = bad(lambda d: d["tensors"][0].update(weightless=False))
+    assert error(tmp_path, b) == (
+        f"f.tcg: byte {at}: tensor 'w' (tensors[0]): weightless: expected true, got a boolean")
+    b, at = bad(lambda d: d["tensors"][0].update(offset=0))
+    assert error(tmp_path, b) == (
+        f"f.tcg: byte {at}: tensor 'w' (tensors[0]): offset: a weightless tensor has no bytes "
+        f"in the file, so no 'offset'")
+    b, at = bad(lambda d: d["tensors"][0].update(dtype="qint8"))
+    assert error(tmp_path, b) == (
+        f"f.tcg: byte {at}: tensor 'w' (tensors[0]): dtype: tensors of dtype qint8 cannot be "
+        f"stored in the data section")
+    b, at = bad(lambda d: d["tensors"][0].update(sizes=[1 << 40, 1 << 40],
+                                                 strides=[1 << 40, 1]))
+    assert error(tmp_path, b) == (
+        f"f.tcg: byte {at}: tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with "
+        f"strides [1099511627776, 1] span more bytes than 64 bits can count")
+    # A file that says it is version 1.2 cannot have them.
+    b, at = bad(lambda d: None, minor=2)
+    assert error(tmp_path, b) == (
+        f"f.tcg: byte {at}: tensors[0]: unknown key 'weightless' in a file of version 1.2 "
+        f"(version 1.3 added it)")
 
 
 def test_format_tables_are_generated_from_the_cpp_ones():

@@ -20,6 +20,9 @@
 //   exported_input.inputs.pt, .expected.pt, .input_after.pt
 // OUT_DIR/odd_names.tcg     attributes named as torch.nn allows but Python
 //   identifiers do not (odd_names_module); odd_names.inputs.pt, .expected.pt
+// OUT_DIR/weightless.tcg    weightless_module: `w` saved without its bytes
+//   (version 1.3); weightless.weights.pt ({"w": its values}), .inputs.pt,
+//   .expected.pt
 // OUT_DIR/custom_op.tcg     a call of the custom operator torchcap_fixture::scale
 //   (registered here; Python registers its own); custom_op.inputs.pt, .expected.pt
 #include <torchcap/export.h>
@@ -128,6 +131,19 @@ int main(int argc, char** argv) {
     c10::IValue expected = writes_its_input({x});
     write_file(dir + "/exported_input.expected.pt", torch::jit::pickle_save(expected));
     write_file(dir + "/exported_input.input_after.pt", torch::jit::pickle_save(x));
+  }
+  {
+    torchcap::GraphModule full = torchcap::testing::weightless_module_bound();
+    torchcap::save(torchcap::testing::weightless_module(), dir + "/weightless.tcg");
+    c10::impl::GenericDict weights(c10::StringType::get(), c10::TensorType::get());
+    weights.insert("w", full.attribute("w").value);
+    write_file(dir + "/weightless.weights.pt", torch::jit::pickle_save(weights));
+    at::manual_seed(7);
+    at::Tensor x = at::randn({2, 3});
+    write_file(dir + "/weightless.inputs.pt",
+               torch::jit::pickle_save(c10::ivalue::Tuple::create({x})));
+    write_file(dir + "/weightless.expected.pt",
+               torch::jit::pickle_save(torchcap::Interpreter(full).run_flat({x})[0]));
   }
   at::manual_seed(11);
   save_with_run(torchcap::testing::odd_names_module(), dir, "odd_names", {at::randn({3})});
