@@ -48,6 +48,9 @@ std::string describe_parameter(const c10::Argument& parameter);
 // The dtype named by `name` ("float32", "f32", "float", "int64", ...).
 c10::ScalarType parse_dtype(const std::string& name);
 
+// "a dict", "a list", "an int", ... for messages.
+std::string kind_of(const c10::IValue& v);
+
 // "float32" for float, and so on.
 std::string dtype_name(c10::ScalarType t);
 

@@ -4,7 +4,7 @@
 //   torchcap trace --example resnet18 [-o OUT.tcg]
 //   torchcap examples
 //   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]
-//   torchcap run FILE.tcg [--input ...] [--json]
+//   torchcap run FILE.tcg [--input ...] [--weights FILE] [--json]
 //   torchcap trace MODEL.pt --train --loss mse --input ... --target ... [--optimizer adam] -o STEP.tcg
 //   torchcap run STEP.tcg --steps N --input ... [-o TRAINED.tcg]   (train.cpp)
 // trace, show and run take --library PATH (repeatable): operator libraries
@@ -423,6 +423,7 @@ int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std
     for (const auto& [kind, entry] : s.attributes) {
       j[std::string(attribute_kind_name(kind)) + "s"] = {{"count", entry.first}, {"bytes", entry.second}};
     }
+    j["weightless"] = {{"count", s.weightless}, {"bytes", s.weightless_bytes}};
     j["inputs"] = s.input_types;
     j["output_types"] = s.output_types;
     std::cout << j.dump() << "\n";
@@ -443,9 +444,93 @@ void save_outputs(const std::vector<at::Tensor>& outputs, const std::string& pat
   if (!ok) throw Error("cannot write outputs to '" + path + "'");
 }
 
+// `run --weights FILE`: the named tensors of a .tcg file (its stored
+// attributes), of a TorchScript file (its parameters and buffers), or of a
+// torch.save'd dict of tensors by name.
+NamedTensors load_weights(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw Error("--weights " + path + ": no such file");
+  char head[8] = {};
+  std::ifstream(path, std::ios::binary).read(head, sizeof(head));
+  NamedTensors out;
+  if (std::memcmp(head, format::kMagic, sizeof(format::kMagic)) == 0) {
+    GraphModule stored = load(path);
+    for (const Attribute& a : stored.attributes()) {
+      if (a.value.defined() && !a.value.is_meta()) out.emplace(a.name, a.value);
+    }
+    return out;
+  }
+  bool script = false;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    for (const std::string& record : reader.getAllRecords()) {
+      script = script || starts_with(record, "code/");
+    }
+  } catch (const c10::Error&) {
+    throw Error("--weights " + path + ": not a .tcg file, a TorchScript file or a file written "
+                "by torch.save");
+  }
+  if (script) {
+    torch::jit::Module m = load_torchscript(path);
+    for (const auto& p : m.named_parameters(/*recurse=*/true)) out.emplace(p.name, p.value);
+    for (const auto& b : m.named_buffers(/*recurse=*/true)) out.emplace(b.name, b.value);
+    return out;
+  }
+  c10::IValue v;
+  try {
+    v = load_value_file(path);
+  } catch (const Error&) {
+    // LibTorch 1.13's unpickler builds no OrderedDict (what state_dict()
+    // returns), nor a dict of one entry (the SETITEM opcode). torch.save
+    // pickles an OrderedDict as a call of collections.OrderedDict first.
+    std::string head;
+    try {
+      caffe2::serialize::PyTorchStreamReader reader(path);
+      for (const std::string& record : reader.getAllRecords()) {
+        if (record == "data.pkl" || (record.size() > 9 && record.substr(record.size() - 9) == "/data.pkl")) {
+          auto [data, size] = reader.getRecord(record);
+          head.assign(static_cast<const char*>(data.get()), std::min<size_t>(size, 64));
+        }
+      }
+    } catch (const c10::Error&) {
+    }
+    const bool ordered = head.find("collections\nOrderedDict") != std::string::npos &&
+                         head.find("collections\nOrderedDict") < 8;
+    throw Error("--weights " + path + (ordered ? " holds an OrderedDict (a state dict), which "
+                                                 "LibTorch cannot read"
+                                               : " holds what LibTorch cannot read (it reads "
+                                                 "plain dicts of two or more tensors)") +
+                ": save a plain dict of tensors instead, torch.save(dict(model.state_dict()), "
+                "path), or give a TorchScript or .tcg file");
+  }
+  if (!v.isGenericDict()) {
+    throw Error("--weights " + path + " holds " + kind_of(v) + ", not a dict of tensors by name");
+  }
+  for (const auto& entry : v.toGenericDict()) {
+    if (!entry.key().isString() || !entry.value().isTensor()) {
+      throw Error("--weights " + path + ": the dict maps names to tensors; it has " +
+                  kind_of(entry.key()) + " -> " + kind_of(entry.value()));
+    }
+    out.emplace(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
 int cmd_run(const std::string& file, const std::vector<std::string>& input_specs,
-            const std::string& output, bool as_json) {
-  GraphModule gm = load(file);
+            const std::string& weights, const std::string& output, bool as_json) {
+  LoadOptions options;
+  if (!weights.empty()) {
+    options.weights = load_weights(weights);
+    // A checkpoint may hold more than the graph reads.
+    options.strict_weights = false;
+  }
+  GraphModule gm = load(file, options);
+  if (std::vector<const Attribute*> unbound = gm.unbound_attributes(); !unbound.empty()) {
+    throw Error("'" + file + "' is weightless: " + std::to_string(unbound.size()) +
+                " of its tensors (" + unbound[0]->name + (unbound.size() > 1 ? ", ..." : "") +
+                ") have no values in the file; give them with --weights FILE (a .tcg file, a "
+                "TorchScript file, or a torch.save'd dict of tensors by name)");
+  }
   Interpreter interp(gm);
   std::vector<at::Tensor> inputs;
   if (input_specs.empty()) {
@@ -559,6 +644,10 @@ int main_impl(int argc, char** argv) {
   CLI::App* run_cmd = app.add_subcommand("run", "run a saved graph");
   run_cmd->add_option("file", file, "a .tcg file")->required();
   run_cmd->add_option("--input", inputs, "an input (shape or file); random from the recorded shapes if none");
+  std::string weights;
+  run_cmd->add_option("--weights", weights,
+                      "tensors by name for the graph's attributes (needed by a weightless file): a "
+                      ".tcg file, a TorchScript file, or a torch.save'd dict of tensors");
   run_cmd->add_option("-o,--output", output, "save the outputs (torch.load reads them)");
   run_cmd->add_option("--library", libraries, library_help);
   run_cmd->add_flag("--json", as_json, "print one JSON object");
@@ -577,6 +666,7 @@ int main_impl(int argc, char** argv) {
   }
   check_not_empty(trace_cmd, "-o", trace_args.output);
   check_not_empty(run_cmd, "-o", output);
+  check_not_empty(run_cmd, "--weights", weights);
   check_not_empty(show_cmd, "--svg", svg);
   for (const std::string& library : libraries) load_library(library);
   at::manual_seed(seed);
@@ -595,7 +685,7 @@ int main_impl(int argc, char** argv) {
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
   if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, steps, output, as_json);
-  if (run_cmd->parsed()) return cmd_run(file, inputs, output, as_json);
+  if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json);
   return cmd_examples();
 }
 
