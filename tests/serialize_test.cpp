@@ -1505,7 +1505,7 @@ TEST(LoadRejects, WeightlessThatIsNotTrue) {
   std::string b = save_to_string(testing::weightless_module());
   std::string f = with_json(b, [](Json& d) { d["tensors"][0]["weightless"] = false; });
   EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): weightless: expected true, "
-                                             "got a boolean");
+                                             "got false");
 }
 
 TEST(LoadRejects, WeightlessTensorWithBytes) {

@@ -600,7 +600,8 @@ class _Reader:
         src/serialize/format.h): a meta tensor, for load(weights=...) to bind."""
         flag = entry["weightless"]
         if flag is not True:
-            self.fail(t, f"{label}weightless: expected true, got {_json_type(flag)}")
+            got = "false" if flag is False else _json_type(flag)
+            self.fail(t, f"{label}weightless: expected true, got {got}")
         for key in ("offset", "length", "crc32"):
             if key in entry:
                 self.fail(t, f"{label}{key}: a weightless tensor has no bytes in the file, so "

@@ -640,7 +640,8 @@ class Reader {
                        const Where& e) {
     Path root;
     if (!flag.is_boolean() || !flag.get<bool>()) {
-      fail(e, root.at("weightless"), std::string("expected true, got ") + json_type(flag));
+      fail(e, root.at("weightless"),
+           std::string("expected true, got ") + (flag.is_boolean() ? "false" : json_type(flag)));
     }
     for (const char* key : {"offset", "length", "crc32"}) {
       if (t.contains(key)) {

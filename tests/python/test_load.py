@@ -568,7 +568,7 @@ def test_damaged_weightless_entries(files, tmp_path):
 
     b, at = bad(lambda d: d["tensors"][0].update(weightless=False))
     assert error(tmp_path, b) == (
-        f"f.tcg: byte {at}: tensor 'w' (tensors[0]): weightless: expected true, got a boolean")
+        f"f.tcg: byte {at}: tensor 'w' (tensors[0]): weightless: expected true, got false")
     b, at = bad(lambda d: d["tensors"][0].update(offset=0))
     assert error(tmp_path, b) == (
         f"f.tcg: byte {at}: tensor 'w' (tensors[0]): offset: a weightless tensor has no bytes "
