@@ -44,6 +44,18 @@ def test_a_meta_module_traces_saves_small_and_runs_like_eager_once_bound(saved):
     assert gm.get_parameter("0.weight").data_ptr() == eager[0].weight.data_ptr()
 
 
+def test_meta_mode_traces_a_meta_module_for_cpu_inputs(tmp_path):
+    # Meta mode records the devices a real run would use: the bound graph's
+    # inputs are CPU tensors, as a real trace's would be.
+    gm = torchcap.trace(mlp("meta"), (meta(4, 16),), meta=True)
+    torchcap.save(gm, tmp_path / "mlp.tcg")
+    eager = mlp()
+    loaded = torchcap.load(tmp_path / "mlp.tcg", weights=eager.state_dict())
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), eager(x), rtol=1e-5, atol=1e-6)
+
+
 def test_a_large_module_on_meta_saves_in_kilobytes(tmp_path):
     # 24 layers of 4096 x 4096: 403 M parameters, 1.6 GB of float32 if real.
     model = nn.Sequential(*[nn.Linear(4096, 4096, device="meta") for _ in range(24)])
