@@ -1,6 +1,7 @@
 // The tracer: the example zoo end to end, immutability, the parameter cache,
 // the preserve policy, stack traces, threads, and bad input.
 #include <torchcap/error.h>
+#include <torchcap/export.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 #include <torchcap/tracer.h>
@@ -11,6 +12,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <thread>
 
@@ -551,6 +553,43 @@ TEST(BadInput, NestedTracesAreRefusedAndLeaveTheOuterGraphAlone) {
   size_t calls = 0;
   for (const Node* n : outer.graph()) calls += n->op() == OpCode::CallFunction ? 1 : 0;
   EXPECT_EQ(calls, 1u) << outer.str();  // the add, nothing of the inner attempt
+}
+
+// A module of the user's own, as TORCH_MODULE makes it: its holder's
+// operator() takes any arguments, which must not stop trace(model, {x}) from
+// choosing the holder overload.
+struct ScaledLinearImpl : torch::nn::Module {
+  ScaledLinearImpl() : fc(register_module("fc", torch::nn::Linear(4, 3))) {}
+  at::Tensor forward(at::Tensor x) { return torch::relu(fc(x)) * 2; }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(ScaledLinear);
+
+std::vector<std::string> get_attr_targets(const GraphModule& gm) {
+  std::vector<std::string> out;
+  for (Node* n : gm.graph()) {
+    if (n->op() == OpCode::GetAttr) out.push_back(n->target());
+  }
+  return out;
+}
+
+TEST(ModuleHolders, OwnModulesAndBuiltInOnesTraceWithAnInitializerList) {
+  torch::manual_seed(0);
+  ScaledLinear model;
+  at::Tensor x = at::randn({2, 4});
+  GraphModule gm = trace(model, {x});
+  EXPECT_EQ(get_attr_targets(gm), (std::vector<std::string>{"fc.weight", "fc.bias"}));
+  EXPECT_TRUE(at::equal(Interpreter(gm).run({x}).toTensor(), model(x)));
+  GraphModule exported = export_program(model, {x});
+  EXPECT_TRUE(at::equal(Interpreter(exported).run({x}).toTensor(), model(x)));
+
+  torch::nn::Linear linear(4, 2);
+  EXPECT_TRUE(at::equal(Interpreter(trace(linear, {x})).run({x}).toTensor(), linear(x)));
+  // Functions still take the function overload, as lambdas and as TracedFunction.
+  TracedFunction fn = [](std::vector<c10::IValue> in) { return c10::IValue(in[0].toTensor() * 3); };
+  EXPECT_EQ(trace(fn, {x}).graph().size(), 3u);  // x, mul, output
+  auto neg = [](std::vector<c10::IValue> in) { return c10::IValue(in[0].toTensor().neg()); };
+  EXPECT_EQ(export_program(neg, {x}).graph().size(), 3u);
 }
 
 }  // namespace

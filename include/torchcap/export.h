@@ -28,8 +28,15 @@ namespace torchcap {
 
 // Each entry point mirrors trace() in tracer.h. `options.allow_input_mutation`
 // is implied.
-GraphModule export_program(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                           const TraceOptions& options = {});
+namespace detail {
+GraphModule export_function(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                            const TraceOptions& options);
+}  // namespace detail
+template <typename F, typename = detail::EnableIfTracedFunction<F>>
+GraphModule export_program(F&& fn, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options = {}) {
+  return detail::export_function(std::forward<F>(fn), inputs, options);
+}
 GraphModule export_program(torch::nn::Module& module, const TracedFunction& forward,
                            const std::vector<c10::IValue>& inputs, const TraceOptions& options = {});
 GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,

@@ -125,10 +125,33 @@ struct ModuleState {
   static ModuleState of(torch::jit::Module& module);
 };
 
+namespace detail {
+
+template <typename T, typename = void>
+struct IsModuleHolder : std::false_type {};
+template <typename T>
+struct IsModuleHolder<T, std::void_t<typename T::ContainedType>> : std::true_type {};
+
+// The callables trace(fn, inputs) takes. A torch::nn module holder is ruled
+// out before std::function is asked about it: its operator() forwards any
+// arguments to forward(), so asking whether it takes a vector of IValues is a
+// compile error rather than a failed match, and trace(holder, {x}) would not
+// compile.
+template <typename F>
+using EnableIfTracedFunction = std::enable_if_t<std::conjunction_v<
+    std::negation<IsModuleHolder<std::decay_t<F>>>, std::is_constructible<TracedFunction, F>>>;
+
+GraphModule trace_function(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                           const TraceOptions& options);
+
+}  // namespace detail
+
 // Traces `fn` on `inputs` (tensors, tuples, lists, dicts, none, scalars;
 // scalars are specialised into the graph).
-GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                  const TraceOptions& options = {});
+template <typename F, typename = detail::EnableIfTracedFunction<F>>
+GraphModule trace(F&& fn, const std::vector<c10::IValue>& inputs, const TraceOptions& options = {}) {
+  return detail::trace_function(std::forward<F>(fn), inputs, options);
+}
 
 // Traces `fn`; the tensors of `state` become get_attr nodes by their names
 // (a Python module's state, say, or a C++ program's weights).

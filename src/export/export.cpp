@@ -264,8 +264,8 @@ TraceOptions first_trace_options(const TraceOptions& options) {
 
 }  // namespace
 
-GraphModule export_program(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                           const TraceOptions& options) {
+GraphModule detail::export_function(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                                    const TraceOptions& options) {
   return finish_export(trace(fn, inputs, first_trace_options(options)), inputs, options);
 }
 

@@ -319,8 +319,8 @@ ModuleState ModuleState::of(torch::nn::Module& module) {
   return state;
 }
 
-GraphModule trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
-                  const TraceOptions& options) {
+GraphModule detail::trace_function(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
+                                   const TraceOptions& options) {
   return detail::run_trace(fn, inputs, options, {}).module;
 }
 
