@@ -8,27 +8,9 @@ import sys
 
 import pytest
 import torch
+from cli_helpers import run, error_of, script_model
 
-TORCHCAP = os.environ["TORCHCAP_CLI"]
 HERE = pathlib.Path(__file__).parent
-
-
-def run(*args, check=True):
-    result = subprocess.run([TORCHCAP, *map(str, args)], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f"torchcap {' '.join(map(str, args))} failed:\n{result.stderr}")
-    return result
-
-
-def error_of(*args, code=1):
-    """Runs a failing command; returns its single stderr line."""
-    result = run(*args, check=False)
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
-    assert lines[0].startswith("torchcap: error: "), lines[0]
-    assert "Exception raised from" not in result.stderr and "frame #" not in result.stderr
-    return lines[0][len("torchcap: error: "):]
 
 
 @pytest.fixture(scope="session")
@@ -203,17 +185,13 @@ def test_torchvision_meta_mode(torchvision_models, tmp_path):
 
 
 def test_meta_mode_data_dependent_operator(tmp_path):
-    code = "\n".join([
+    model, _ = script_model(tmp_path, [
         "import torch",
         "class M(torch.nn.Module):",
         "    def forward(self, x):",
         "        return x[x > 0]",
-        f"torch.jit.script(M()).save({str(tmp_path / 'mask.pt')!r})",
-    ])
-    script = tmp_path / "make_model.py"
-    script.write_text(code)
-    subprocess.run([sys.executable, str(script)], check=True)
-    result = run("trace", tmp_path / "mask.pt", "--input", "4", "--meta", check=False)
+    ], "mask.pt")
+    result = run("trace", model, "--input", "4", "--meta", check=False)
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert "depends on tensor values, and in meta mode tensors have no values" in lines[0]
@@ -295,7 +273,7 @@ def test_error_inside_the_model(torchvision_models):
 def test_error_inside_a_module_level_function(tmp_path):
     # The traceback's source lines of a module-level function start at column
     # 0 (window attention models have them): they are not the message.
-    code = "\n".join([
+    model, script = script_model(tmp_path, [
         "import torch",
         "def window(x, k: int):",
         "    b, n = x.shape",
@@ -303,12 +281,8 @@ def test_error_inside_a_module_level_function(tmp_path):
         "class M(torch.nn.Module):",
         "    def forward(self, x):",
         "        return window(x * 2, 3)",
-        f"torch.jit.script(M()).save({str(tmp_path / 'window.pt')!r})",
-    ])
-    script = tmp_path / "make_model.py"
-    script.write_text(code)
-    subprocess.run([sys.executable, str(script)], check=True)
-    result = run("trace", tmp_path / "window.pt", "--input", "2x6", check=False)
+    ], "window.pt")
+    result = run("trace", model, "--input", "2x6", check=False)
     lines = result.stderr.rstrip("\n").splitlines()
     assert lines[0] == ("torchcap: error: the model failed: shape '[2, 2, 4]' is invalid for "
                         "input of size 12")
@@ -332,23 +306,19 @@ def test_model_and_example_together(torchvision_models):
 
 
 def test_op_the_tracer_rejects(tmp_path):
-    code = "\n".join([
+    model, _ = script_model(tmp_path, [
         "import torch",
         "class M(torch.nn.Module):",
         "    def forward(self, x):",
         "        x.add_(1)",
         "        return x * 2",
-        f"torch.jit.script(M()).save({str(tmp_path / 'writes_input.pt')!r})",
-    ])
-    script = tmp_path / "make_model.py"  # TorchScript needs the source in a file
-    script.write_text(code)
-    subprocess.run([sys.executable, str(script)], check=True)
-    result = run("trace", tmp_path / "writes_input.pt", "--input", "3", check=False)
+    ], "writes_input.pt")
+    result = run("trace", model, "--input", "3", check=False)
     lines = result.stderr.splitlines()
     assert "Immutable tensor `self` is potentially getting modified by aten::add_" in lines[0]
     assert lines[1].endswith("make_model.py\", line 4, in forward") and lines[2] == "    x.add_(1)"
     # The same program exports: the write becomes an output.
-    j = json.loads(run("trace", tmp_path / "writes_input.pt", "--input", "3", "--export",
+    j = json.loads(run("trace", model, "--input", "3", "--export",
                        "--json").stdout)
     assert j["outputs"] == 2
 

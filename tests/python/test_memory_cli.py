@@ -2,19 +2,10 @@
 
 import json
 import os
-import subprocess
 import xml.etree.ElementTree as ET
 
 import pytest
-
-TORCHCAP = os.environ["TORCHCAP_CLI"]
-
-
-def run(*args, check=True):
-    result = subprocess.run([TORCHCAP, *map(str, args)], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f"torchcap {' '.join(map(str, args))} failed:\n{result.stderr}")
-    return result
+from cli_helpers import run
 
 
 @pytest.fixture(scope="module")

@@ -10,27 +10,7 @@ import sys
 
 import pytest
 import torch
-
-TORCHCAP = os.environ["TORCHCAP_CLI"]
-
-
-def run(*args, check=True):
-    result = subprocess.run([TORCHCAP, *map(str, args)], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise AssertionError(f"torchcap {' '.join(map(str, args))} failed:\n{result.stderr}")
-    return result
-
-
-def error_of(*args, code=1):
-    """Runs a failing command; returns its single stderr line."""
-    result = run(*args, check=False)
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
-    assert lines[0].startswith("torchcap: error: "), lines[0]
-    assert "Exception raised from" not in result.stderr and "frame #" not in result.stderr
-    assert "report a bug" not in result.stderr.lower()
-    return lines[0][len("torchcap: error: "):]
+from cli_helpers import TORCHCAP, run, error_of
 
 
 # Models scripted by python3 at test time: (name, class source, train mode).
