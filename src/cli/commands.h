@@ -6,6 +6,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,13 @@ struct Module;
 }
 
 namespace torchcap::cli {
+
+using Clock = std::chrono::steady_clock;
+
+// Milliseconds since `t0`, for the commands' timings.
+inline double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 // torch::jit::load of `path`, after checking that it is a TorchScript file;
 // operators no loaded library defines are reported with what to do.

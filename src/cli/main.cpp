@@ -48,11 +48,6 @@ namespace torchcap::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 // One line: errors may carry several (the interpreter lists every mismatch).
 std::string one_line_of(std::string s) {

@@ -37,11 +37,6 @@ namespace torchcap::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 const char* const kTrainOptions[] = {"--loss",         "--target",   "--optimizer", "--lr",
                                      "--momentum",     "--dampening", "--weight-decay",
