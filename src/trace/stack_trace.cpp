@@ -15,6 +15,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 
@@ -87,13 +88,15 @@ class Symbolizer {
 
   // The frames at one return address, innermost first: one per inlined call,
   // then the function the code was compiled into.
-  std::vector<Symbolized> resolve(void* pc) {
+  // The reference stays valid: entries are never erased, and rehashing an
+  // unordered_map does not move its values.
+  const std::vector<Symbolized>& resolve(void* pc) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(pc);
-    if (it != cache_.end()) return it->second;
-    std::vector<Symbolized> s = lookup(reinterpret_cast<Dwarf_Addr>(pc) - 1);  // the call itself
-    cache_.emplace(pc, s);
-    return s;
+    if (it == cache_.end()) {
+      it = cache_.emplace(pc, lookup(reinterpret_cast<Dwarf_Addr>(pc) - 1)).first;  // the call itself
+    }
+    return it->second;
   }
 
  private:
@@ -105,6 +108,7 @@ class Symbolizer {
   }
 
   void report() {
+    function_indexes_.clear();  // they point into the session's data
     if (dwfl_ != nullptr) dwfl_end(dwfl_);
     dwfl_ = dwfl_begin(&callbacks_);
     if (dwfl_ == nullptr) return;
@@ -126,6 +130,70 @@ class Symbolizer {
     return "";
   }
 
+  // The functions (out-of-line and inlined) of one compile unit with their
+  // address ranges, read once: libdw's dwarf_getscopes walks the whole unit
+  // for every address, which costs up to 0.1 s on a unit full of LibTorch's
+  // templates.
+  struct FunctionIndex {
+    struct Function {
+      Dwarf_Die die;
+      int parent;  // the function around this one, or -1
+      int depth;
+    };
+    struct Range {
+      Dwarf_Addr low, high;
+      int function;
+    };
+    std::vector<Function> functions;
+    std::vector<Range> ranges;
+    Dwarf_Files* files = nullptr;
+
+    // The most deeply nested function whose code holds `addr`, or -1.
+    int innermost(Dwarf_Addr addr) const {
+      int best = -1;
+      for (const Range& r : ranges) {
+        if (addr >= r.low && addr < r.high &&
+            (best < 0 || functions[r.function].depth > functions[best].depth)) {
+          best = r.function;
+        }
+      }
+      return best;
+    }
+
+    void add(Dwarf_Die* die, int parent, int depth) {
+      Dwarf_Die child;
+      if (dwarf_child(die, &child) != 0) return;
+      do {
+        int tag = dwarf_tag(&child);
+        int enclosing = parent;
+        if (tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine) {
+          Dwarf_Addr base = 0, low = 0, high = 0;
+          bool has_code = false;
+          for (ptrdiff_t at = 0; (at = dwarf_ranges(&child, at, &base, &low, &high)) > 0;) {
+            ranges.push_back(Range{low, high, static_cast<int>(functions.size())});
+            has_code = true;
+          }
+          if (has_code) {
+            enclosing = static_cast<int>(functions.size());
+            functions.push_back(Function{child, parent, depth});
+          }
+        }
+        add(&child, enclosing, depth + 1);
+      } while (dwarf_siblingof(&child, &child) == 0);
+    }
+  };
+
+  const FunctionIndex& function_index(Dwfl_Module* mod, Dwarf_Die* cu) {
+    auto key = std::make_pair(static_cast<void*>(mod), dwarf_dieoffset(cu));
+    auto it = function_indexes_.find(key);
+    if (it != function_indexes_.end()) return it->second;
+    FunctionIndex& index = function_indexes_[key];
+    size_t nfiles = 0;
+    if (dwarf_getsrcfiles(cu, &index.files, &nfiles) != 0) index.files = nullptr;
+    index.add(cu, -1, 0);
+    return index;
+  }
+
   std::vector<Symbolized> lookup(Dwarf_Addr addr) {
     std::vector<Symbolized> out;
     if (dwfl_ == nullptr) return out;
@@ -138,7 +206,9 @@ class Symbolizer {
     const char* module_path = dwfl_module_info(mod, nullptr, nullptr, nullptr, nullptr, nullptr,
                                                nullptr, nullptr);
     const std::string module = module_path ? base_name(module_path) : "";
-    const bool library_module = is_library_module(module);
+    // No frame of a library is the user's: skip the symbol and line lookups,
+    // which for LibTorch's symbol table cost about a millisecond per address.
+    if (is_library_module(module)) return out;
 
     std::string file;
     int line = 0;
@@ -146,54 +216,29 @@ class Symbolizer {
       if (const char* f = dwfl_lineinfo(l, nullptr, &line, nullptr, nullptr, nullptr)) file = f;
     }
     // Walk the inlined calls that contain the address, innermost first: each
-    // DW_TAG_inlined_subroutine's call site is where its caller stood. The
-    // caller is found in the concrete tree (dwarf_getscopes_die), since
-    // dwarf_getscopes continues with the inlined function's abstract origin.
+    // DW_TAG_inlined_subroutine's call site is where its caller stood, and
+    // its caller is the function around it in the compile unit's tree.
     std::vector<SourceFrame> frames;
     Dwarf_Addr bias = 0;
-    if (Dwarf_Die* cu = library_module ? nullptr : dwfl_module_addrdie(mod, addr, &bias)) {
-      Dwarf_Files* files = nullptr;
-      size_t nfiles = 0;
-      if (dwarf_getsrcfiles(cu, &files, &nfiles) != 0) files = nullptr;
-      auto is_function = [](Dwarf_Die* d) {
-        int tag = dwarf_tag(d);
-        return tag == DW_TAG_inlined_subroutine || tag == DW_TAG_subprogram;
-      };
-      Dwarf_Die current;
-      bool found = false;
-      Dwarf_Die* scopes = nullptr;
-      int n = dwarf_getscopes(cu, addr - bias, &scopes);
-      for (int i = 0; i < n && !found; ++i) {
-        if (is_function(&scopes[i])) {
-          current = scopes[i];
-          found = true;
-        }
-      }
-      std::free(scopes);
-      while (found && frames.size() < 64) {
-        frames.push_back(SourceFrame{file, line, die_function_name(&current), {}});
-        if (dwarf_tag(&current) != DW_TAG_inlined_subroutine) break;
+    if (Dwarf_Die* cu = dwfl_module_addrdie(mod, addr, &bias)) {
+      const FunctionIndex& index = function_index(mod, cu);
+      int current = index.innermost(addr - bias);
+      while (current >= 0 && frames.size() < 64) {
+        Dwarf_Die die = index.functions[current].die;
+        frames.push_back(SourceFrame{file, line, die_function_name(&die), {}});
+        if (dwarf_tag(&die) != DW_TAG_inlined_subroutine) break;
         Dwarf_Attribute attr;
         Dwarf_Word value = 0;
         file.clear();
         line = 0;
-        if (files != nullptr &&
-            dwarf_formudata(dwarf_attr(&current, DW_AT_call_file, &attr), &value) == 0) {
-          if (const char* f = dwarf_filesrc(files, value, nullptr, nullptr)) file = f;
+        if (index.files != nullptr &&
+            dwarf_formudata(dwarf_attr(&die, DW_AT_call_file, &attr), &value) == 0) {
+          if (const char* f = dwarf_filesrc(index.files, value, nullptr, nullptr)) file = f;
         }
-        if (dwarf_formudata(dwarf_attr(&current, DW_AT_call_line, &attr), &value) == 0) {
+        if (dwarf_formudata(dwarf_attr(&die, DW_AT_call_line, &attr), &value) == 0) {
           line = static_cast<int>(value);
         }
-        Dwarf_Die* outer = nullptr;
-        int m = dwarf_getscopes_die(&current, &outer);
-        found = false;
-        for (int i = 1; i < m && !found; ++i) {
-          if (is_function(&outer[i])) {
-            current = outer[i];
-            found = true;
-          }
-        }
-        std::free(outer);
+        current = index.functions[current].parent;
       }
     }
     if (frames.empty()) {
@@ -201,7 +246,7 @@ class Symbolizer {
     }
     for (SourceFrame& f : frames) {
       Symbolized s;
-      s.user = !library_module && !is_library_source(f.file) &&
+      s.user = !is_library_source(f.file) &&
                !(f.file.empty() && is_library_function(f.function)) &&
                !(f.file.empty() && f.function.empty());
       if (f.file.empty()) f.file = module;
@@ -215,6 +260,7 @@ class Symbolizer {
   Dwfl_Callbacks callbacks_{};
   Dwfl* dwfl_ = nullptr;
   std::unordered_map<void*, std::vector<Symbolized>> cache_;
+  std::map<std::pair<void*, Dwarf_Off>, FunctionIndex> function_indexes_;  // by module and unit
 };
 
 }  // namespace
@@ -258,9 +304,9 @@ const std::vector<SourceFrame>& StackTrace::frames() const {
   std::call_once(state_->once, [this] {
     Symbolizer& sym = Symbolizer::get();
     for (void* pc : state_->pcs) {
-      for (Symbolized& s : sym.resolve(pc)) {
+      for (const Symbolized& s : sym.resolve(pc)) {
         if (!s.user) continue;
-        state_->frames.push_back(std::move(s.frame));
+        state_->frames.push_back(s.frame);
         if (state_->frames.size() == kMaxUserFrames) return;
       }
     }
