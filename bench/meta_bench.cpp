@@ -3,7 +3,8 @@
 //   meta_bench models    MLP-200, ResNet-18 and ViT-B/32: eager, real-mode and
 //                        meta-mode trace times, per-node figures and ratios
 //   meta_bench decoder   a GPT-2-XL-sized decoder built on the meta device:
-//                        meta-mode trace time and peak resident memory (run
+//                        meta-mode trace time, peak resident memory and the
+//                        size of its weightless file (run
 //                        it in a process of its own: the peak is the
 //                        process's)
 //
@@ -14,6 +15,7 @@
 #include "transformers.h"
 #include "zoo.h"
 
+#include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
 
 #include <ATen/ATen.h>
@@ -129,6 +131,11 @@ void decoder() {
   size_t nodes = gm.graph().size();
   double t = median_seconds([&] { trace(state, forward, inputs, meta); }, 5, 1, 1);
 
+  // Saved weightless: each parameter's name and metadata, no bytes.
+  t0 = std::chrono::steady_clock::now();
+  const size_t file_bytes = save_to_string(gm).size();
+  double save_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
   print("meta/gpt2_xl/parameters", parameters / 1e9, "billion");
   print("meta/gpt2_xl/tokens", static_cast<double>(tokens), "tokens");
   print("meta/gpt2_xl/nodes", static_cast<double>(nodes), "nodes");
@@ -136,6 +143,8 @@ void decoder() {
   print("meta/gpt2_xl/meta_trace_first", first_s * 1e3, "ms");
   print("meta/gpt2_xl/meta_trace", t * 1e3, "ms");
   print("meta/gpt2_xl/meta_per_node", t / nodes * 1e6, "us");
+  print("meta/gpt2_xl/save_weightless", save_s * 1e3, "ms");
+  print("meta/gpt2_xl/weightless_file", file_bytes / 1048576.0, "MiB");
   print("meta/gpt2_xl/rss_at_start", rss_start / 1048576.0, "MiB");
   print("meta/gpt2_xl/rss_before_trace", rss_before / 1048576.0, "MiB");
   print("meta/gpt2_xl/peak_rss", peak_rss_bytes() / 1048576.0, "MiB");
