@@ -3,6 +3,7 @@
 #include <torchcap/error.h>
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
@@ -90,18 +91,36 @@ c10::IValue load_value_file(const std::string& path) {
     return torch::jit::pickle_load(bytes);
   } catch (const std::exception& e) {
     // LibTorch's reasons here are about pickle opcodes, or an internal assert
-    // for a state dict (an OrderedDict, a Python class its unpickler cannot
-    // build); what matters is what the file holds. torch.save stores its
-    // pickle uncompressed, so the class name is visible.
-    const std::string ordered_dict = "collections\nOrderedDict";
-    if (std::search(bytes.begin(), bytes.end(), ordered_dict.begin(), ordered_dict.end()) !=
-        bytes.end()) {
+    // for a state dict; what matters is what the file holds.
+    if (holds_ordered_dict(path)) {
       throw Error("input file '" + path + "' holds a dict (an OrderedDict, such as a state dict), "
                   "not a tensor");
     }
     throw Error("input file '" + path + "' holds Python objects LibTorch cannot read: give a "
-                "tensor, or a list, tuple or dict of tensors and numbers, saved by torch.save");
+                "tensor, or a list, tuple or dict (of two or more entries) of tensors and numbers, "
+                "saved by torch.save");
   }
+}
+
+bool holds_ordered_dict(const std::string& path) {
+  // torch.save pickles an OrderedDict as a call of collections.OrderedDict,
+  // the first opcode after the protocol header. The name appears further in
+  // in every pickled tensor too (its backward hooks), so only the start counts.
+  const std::string global = "collections\nOrderedDict";
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    for (const std::string& record : reader.getAllRecords()) {
+      const bool data = record == "data.pkl" ||
+                        (record.size() > 9 && record.compare(record.size() - 9, 9, "/data.pkl") == 0);
+      if (!data) continue;
+      auto [bytes, size] = reader.getRecord(record);
+      std::string head(static_cast<const char*>(bytes.get()), std::min<size_t>(size, 64));
+      size_t at = head.find(global);
+      return at != std::string::npos && at < 8;
+    }
+  } catch (const c10::Error&) {
+  }
+  return false;
 }
 
 at::Tensor load_tensor_file(const std::string& path) {

@@ -30,6 +30,10 @@ at::Tensor load_tensor_file(const std::string& path);
 // objects LibTorch cannot read, are refused by name.
 c10::IValue load_value_file(const std::string& path);
 
+// Whether a file written by torch.save holds an OrderedDict at its top (what
+// `state_dict()` returns), which LibTorch 1.13's unpickler cannot build.
+bool holds_ordered_dict(const std::string& path);
+
 // One `--input` for a parameter of a TorchScript forward, read by the
 // parameter's declared type:
 //   Tensor           a shape (random values) or a torch.save'd tensor file

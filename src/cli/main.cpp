@@ -476,21 +476,8 @@ NamedTensors load_weights(const std::string& path) {
     v = load_value_file(path);
   } catch (const Error&) {
     // LibTorch 1.13's unpickler builds no OrderedDict (what state_dict()
-    // returns), nor a dict of one entry (the SETITEM opcode). torch.save
-    // pickles an OrderedDict as a call of collections.OrderedDict first.
-    std::string head;
-    try {
-      caffe2::serialize::PyTorchStreamReader reader(path);
-      for (const std::string& record : reader.getAllRecords()) {
-        if (record == "data.pkl" || (record.size() > 9 && record.substr(record.size() - 9) == "/data.pkl")) {
-          auto [data, size] = reader.getRecord(record);
-          head.assign(static_cast<const char*>(data.get()), std::min<size_t>(size, 64));
-        }
-      }
-    } catch (const c10::Error&) {
-    }
-    const bool ordered = head.find("collections\nOrderedDict") != std::string::npos &&
-                         head.find("collections\nOrderedDict") < 8;
+    // returns), nor a dict of one entry (the SETITEM opcode).
+    const bool ordered = holds_ordered_dict(path);
     throw Error("--weights " + path + (ordered ? " holds an OrderedDict (a state dict), which "
                                                  "LibTorch cannot read"
                                                : " holds what LibTorch cannot read (it reads "

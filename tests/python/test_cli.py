@@ -1,5 +1,6 @@
 """The torchcap command: every subcommand, its JSON, and its errors."""
 
+import collections
 import json
 import os
 import pathlib
@@ -368,6 +369,19 @@ def test_dict_file_as_input(tmp_path):
     torch.save({"w": torch.ones(2), "b": torch.ones(1)}, plain)
     assert error_of("trace", "--example", "mlp", "--input", plain) == \
         f"input file '{plain}' holds a dict, not a tensor"
+
+
+def test_unreadable_input_files_are_not_mistaken_for_state_dicts(tmp_path):
+    # Every pickled tensor names collections.OrderedDict (its backward hooks),
+    # so only the file's top-level object may decide that it is a state dict.
+    one = tmp_path / "one_entry.pt"
+    torch.save({"w": torch.ones(2)}, one)  # LibTorch cannot read a one-entry dict
+    objects = tmp_path / "objects.pt"
+    torch.save([torch.ones(2), collections.Counter()], objects)
+    for path in (one, objects):
+        assert error_of("trace", "--example", "mlp", "--input", path) == (
+            f"input file '{path}' holds Python objects LibTorch cannot read: give a tensor, or a "
+            "list, tuple or dict (of two or more entries) of tensors and numbers, saved by torch.save")
 
 
 def test_missing_input_file(tmp_path):
