@@ -15,10 +15,10 @@ needs only torch (1.13) and reads the `.tcg` format described in
 docs/FORMAT.md.
 """
 
-from torchcap._errors import Error, TraceError, WeightError
+from torchcap._errors import Error, InputError, TraceError, WeightError
 from torchcap._load import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION, load
 from torchcap._trace import dispatch_trace, export, save, trace
 from torchcap._training import export_training
 
 __all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load", "Error",
-           "TraceError", "WeightError", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]
+           "TraceError", "InputError", "WeightError", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]

@@ -12,6 +12,15 @@ class TraceError(Error):
     The message names the operator or the argument, and the user's line."""
 
 
+class InputError(Error, TypeError):
+    """A module made by torchcap.trace or torchcap.export was called with
+    arguments whose structure (how many, which nesting of tuples, lists and
+    dicts, which keywords) is not the one it was traced with.
+
+    The message shows the structure expected and the one given. A TypeError
+    too, which is what Python raises for a call with the wrong arguments."""
+
+
 class WeightError(Error):
     """Weights given to torchcap.load do not fit the module's attributes (a
     missing, extra, mis-shaped or mis-typed weight), or a module loaded from a
@@ -21,4 +30,5 @@ class WeightError(Error):
 
 
 # Shown as torchcap.TraceError in tracebacks, where users import them from.
-Error.__module__ = TraceError.__module__ = WeightError.__module__ = "torchcap"
+Error.__module__ = TraceError.__module__ = InputError.__module__ = WeightError.__module__ = \
+    "torchcap"

@@ -19,7 +19,7 @@ import torch
 import torch.nn
 import torch.utils._pytree as pytree
 
-from torchcap._errors import Error, TraceError
+from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import TorchcapCodeGen, _Spec, _refuse_unbound_weights, _tensor_metadata
 
 try:
@@ -76,16 +76,24 @@ _hooks_handles = ()
 
 
 def _module_names(root):
-    """(module, qualified path, class) of root's submodules; the root is not on the stack."""
+    """(module, qualified path, class) of root and its submodules.
+
+    The root comes first, with the path "": every node's nn_module_stack starts
+    with it, as torch.export records the root module ({"": ("", "pkg.Model"),
+    "layer1": ("layer1", ...), ...}), whether f is the module or a bound method
+    of it.
+    """
     if root is None:
         return []
     return [(m, name, f"{type(m).__module__}.{type(m).__qualname__}")
-            for name, m in root.named_modules() if name]
+            for name, m in root.named_modules()]
 
 
 class _ModuleStackHooks:
     def __init__(self, modules):
-        self.active = bool(modules)  # no module to report: no hooks, no slower module calls
+        # No submodule to report (the root is on the stack anyway): no hooks,
+        # no slower module calls.
+        self.active = any(path for _, path, _ in modules)
 
     def __enter__(self):
         global _hooks_users, _hooks_handles
@@ -226,7 +234,99 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     gm = _to_fx(graph, kwargs)
     gm.in_spec = pytree.tree_flatten((args, kwargs))[1]
     gm.out_spec = out_spec[0] if out_spec else None
+    gm._torchcap_call_structure = _call_structure(args, kwargs)
+    # GraphModule gives each instance a class of its own; its _wrapped_call
+    # (what calling the module runs) is set once and kept across recompiles.
+    cls = type(gm)
+    cls._wrapped_call = _CheckedCall(cls._wrapped_call)
     return gm
+
+
+# --- Calling a traced module ---------------------------------------------------
+# The generated forward unpacks nested arguments by indexing: called with
+# another structure it fails with Python's own TypeError or an operator's,
+# or, given a tensor where a tuple was traced, indexes the tensor and
+# computes something else. So each call's structure is compared with the
+# traced one first (a walk over the arguments, no copies).
+
+def _fits(spec, value):
+    """Whether `value` has the structure of pytree spec `spec`; a leaf fits any
+    value that is not a container (tensors; scalars were fixed when traced)."""
+    if isinstance(spec, pytree.LeafSpec):
+        return pytree._is_leaf(value)
+    if pytree._is_leaf(value) or pytree._get_node_type(value) is not spec.type:
+        return False
+    if spec.type is dict:  # by key, in any order
+        return (len(value) == len(spec.context) and
+                all(k in value and _fits(c, value[k])
+                    for k, c in zip(spec.context, spec.children_specs)))
+    children, context = pytree.SUPPORTED_NODES[spec.type].flatten_fn(value)
+    return (context == spec.context and len(children) == len(spec.children_specs) and
+            all(_fits(c, v) for c, v in zip(spec.children_specs, children)))
+
+
+def _structure(value):
+    """"Tensor", "(Tensor, [Tensor, int])", "{'mask': Tensor}": a value's
+    structure, with the types of its leaves."""
+    if isinstance(value, torch.Tensor):
+        return "Tensor"
+    if pytree._is_leaf(value):
+        return type(value).__name__
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_structure(v)}" for k, v in value.items()) + "}"
+    inner = ", ".join(_structure(v) for v in value)
+    if pytree._is_namedtuple_instance(value):
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, tuple):
+        return f"({inner}{',' if len(value) == 1 else ''})"
+    return f"[{inner}]"
+
+
+def _call_structure(args, kwargs):
+    return "(" + ", ".join([_structure(a) for a in args] +
+                           [f"{k}={_structure(v)}" for k, v in kwargs.items()]) + ")"
+
+
+class _CheckedCall:
+    """A traced module's _wrapped_call: refuses a call whose arguments are not
+    structured as the traced ones with an InputError, before anything runs."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def __call__(self, obj, *args, **kwargs):
+        spec = getattr(obj, "in_spec", None)
+        if spec is not None and not _fits(spec, (args, kwargs)):
+            args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
+        return self.wrapped(obj, *args, **kwargs)
+
+
+def _bound_as_traced(gm, spec, args, kwargs):
+    """The call's arguments as the traced call passed them (positional
+    parameters given by keyword are moved to their place), or InputError."""
+    import inspect
+    try:
+        bound = inspect.signature(type(gm).forward).bind(gm, *args, **kwargs)
+        positional, keywords = [], {}
+        for name, value in list(bound.arguments.items())[1:]:
+            kind = bound.signature.parameters[name].kind
+            if kind == inspect.Parameter.KEYWORD_ONLY:
+                keywords[name] = value
+            elif kind == inspect.Parameter.VAR_POSITIONAL:
+                positional.extend(value)
+            elif kind == inspect.Parameter.VAR_KEYWORD:
+                keywords.update(value)
+            else:
+                positional.append(value)
+        if _fits(spec, (tuple(positional), keywords)):
+            return tuple(positional), keywords
+    except TypeError:
+        pass
+    expected = getattr(gm, "_torchcap_call_structure", None) or repr(spec)
+    raise InputError(f"the traced module takes arguments structured as {expected}, as when it "
+                     f"was traced; it was called with {_call_structure(args, kwargs)}. Pass "
+                     f"the same nesting of tuples, lists and dicts and the same keywords "
+                     f"(tensor values may differ; other values were fixed when traced)")
 
 
 class _KeywordCodeGen(TorchcapCodeGen):

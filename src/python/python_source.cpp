@@ -107,6 +107,13 @@ void PythonSource::locate(NodeMeta& meta) {
 }
 
 void PythonSource::add_module(py::object module, std::string path, std::string type) {
+  if (path.empty()) {
+    // The root: on the stack for the whole trace, whatever its hooks say.
+    modules_.insert(modules_.begin(), ModuleFrame{std::move(path), std::move(type)});
+    has_root_ = true;
+    module_stack_ = ModuleStack(modules_);
+    return;
+  }
   known_modules_.emplace(module.ptr(), ModuleFrame{std::move(path), std::move(type)});
   module_refs_.push_back(std::move(module));
 }
@@ -119,7 +126,7 @@ void PythonSource::enter_module(PyObject* module) {
 }
 
 void PythonSource::exit_module(PyObject* module) {
-  if (modules_.empty() || known_modules_.count(module) == 0) return;
+  if (modules_.size() <= root_frames() || known_modules_.count(module) == 0) return;
   modules_.pop_back();
   module_stack_ = ModuleStack(modules_);
 }

@@ -38,6 +38,7 @@ class PythonSource {
 
   // The traced program's modules: what forward hooks report for them, by
   // object ("layer1.0.conv1", "torch.nn.modules.conv.Conv2d"). The GIL is held.
+  // The root module (path "") is on the stack of every node, outermost.
   void add_module(py::object module, std::string path, std::string type);
   // Global forward hooks: a module's forward starts or ends. Modules not added
   // are not on the stack. The GIL is held by the caller.
@@ -73,6 +74,8 @@ class PythonSource {
   };
 
   bool is_internal(PyObject* code);
+  // 1 when the root module is on the stack for the whole trace, else 0.
+  size_t root_frames() const { return has_root_ ? 1 : 0; }
   const SourceFrame& frame_for(PyObject* frame, PyObject* code, FrameKey key);
 
   std::vector<std::string> internal_dirs_;
@@ -88,6 +91,7 @@ class PythonSource {
   std::unordered_map<PyObject*, ModuleFrame> known_modules_;
   std::vector<py::object> module_refs_;
   std::vector<ModuleFrame> modules_;
+  bool has_root_ = false;
   ModuleStack module_stack_;
 };
 

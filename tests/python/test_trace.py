@@ -166,6 +166,46 @@ def test_nested_pytrees_and_kwargs():
     assert gm.out_spec.num_leaves == 4
 
 
+def test_call_with_another_argument_structure_is_a_clear_error():
+    m = Nested()
+    pair = (torch.randn(3, 8), {"bias": torch.randn(8)})
+    extra, mask = torch.randn(2), torch.ones(3, 8)
+    gm = torchcap.trace(m, (pair, extra), {"mask": mask, "mode": "mean"})
+    expected = "(({'bias': Tensor}"  # not a prefix: the pair is (Tensor, {...})
+    traced = "((Tensor, {'bias': Tensor}), Tensor, mask=Tensor, mode=str)"
+    calls = {
+        "an argument missing": ((pair,), {"mask": mask, "mode": "mean"}),
+        "a tensor for the pair": ((torch.randn(2, 3, 8), extra), {"mask": mask, "mode": "mean"}),
+        "a list for the pair": ((list(pair), extra), {"mask": mask, "mode": "mean"}),
+        "another dict key": (((pair[0], {"b": pair[1]["bias"]}), extra),
+                             {"mask": mask, "mode": "mean"}),
+        "a keyword missing": ((pair, extra), {"mask": mask}),
+        "an unknown keyword": ((pair, extra), {"mask": mask, "mode": "mean", "scale": 2}),
+    }
+    for what, (a, k) in calls.items():
+        with pytest.raises(torchcap.InputError) as e:
+            gm(*a, **k)
+        message = str(e.value)
+        assert f"structured as {traced}" in message, what
+        assert expected not in message and "called with (" in message, what
+        assert isinstance(e.value, TypeError) and isinstance(e.value, torchcap.Error)
+    assert "called with ((Tensor, {'bias': Tensor}), mask=Tensor, mode=str)" in str(
+        pytest.raises(torchcap.InputError, gm, pair, mask=mask, mode="mean").value)
+    # The traced structure, keywords in any order, positional parameters by name.
+    with torch.no_grad():
+        want = m(pair, extra, mask=mask, mode="mean")
+        assert_tree_equal(gm(pair, extra, mode="mean", mask=mask), want)
+        positional = [p for p in inspect_parameters(gm)][:2]
+        assert_tree_equal(gm(**{positional[0]: pair, positional[1]: extra}, mask=mask,
+                             mode="mean"), want)
+
+
+def inspect_parameters(gm):
+    import inspect
+    return [name for name, p in inspect.signature(gm.forward).parameters.items()
+            if p.kind == p.POSITIONAL_OR_KEYWORD]
+
+
 def test_tied_weights_are_one_attribute():
     class Tied(nn.Module):
         def __init__(self):
@@ -220,9 +260,11 @@ def test_stack_traces_and_module_stacks():
     assert f'File "{HERE}"' in trace and "in forward" in trace
     assert "return torch.tanh(y)  # the stack trace names this line" in trace
     assert "torch/nn" not in trace and "torchcap/" not in trace
-    assert tanh.meta["nn_module_stack"] == {"0": ("0", f"{__name__}.Block")}
+    # Outermost first, the root module included (path ""), as torch.export records it.
+    assert tanh.meta["nn_module_stack"] == {"": ("", "torch.nn.modules.container.Sequential"),
+                                            "0": ("0", f"{__name__}.Block")}
     conv = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.convolution.default)
-    assert list(conv.meta["nn_module_stack"]) == ["0", "0.conv"]
+    assert list(conv.meta["nn_module_stack"]) == ["", "0", "0.conv"]
     assert conv.meta["nn_module_stack"]["0.conv"][1] == "torch.nn.modules.conv.Conv2d"
     assert conv.meta["val"].shape == (1, 4, 6, 6) and conv.meta["val"].dtype == torch.float32
 
@@ -235,9 +277,27 @@ def test_resnet_module_stack():
     model = torchvision.models.resnet18().eval()
     gm = torchcap.trace(model, (torch.randn(1, 3, 32, 32),))
     stacks = [n.meta.get("nn_module_stack", {}) for n in gm.graph.nodes]
-    assert any(list(s) == ["layer1", "layer1.0", "layer1.0.conv1"] for s in stacks)
+    assert any(list(s) == ["", "layer1", "layer1.0", "layer1.0.conv1"] for s in stacks)
+    # Every recorded operator runs inside the root's forward.
+    assert all(s.get("") == ("", "torchvision.models.resnet.ResNet")
+               for n, s in zip(gm.graph.nodes, stacks) if n.op == "call_function")
     trace = next(n for n in gm.graph.nodes if n.op == "call_function").meta["stack_trace"]
     assert "torchvision/models/resnet.py" in trace
+
+
+def test_module_stack_has_the_root_for_a_bound_method_and_a_leaf_module():
+    # f = model.forward: the root's hooks never run, the root is still outermost.
+    m = nn.Sequential(Block(), nn.ReLU())
+    gm = torchcap.trace(m.forward, (torch.randn(1, 3, 8, 8),))
+    relu = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.relu.default)
+    assert list(relu.meta["nn_module_stack"]) == ["", "1"]
+    # A module without submodules: the root alone.
+    gm = torchcap.trace(nn.Linear(3, 2), (torch.randn(1, 3),))
+    addmm = next(n for n in gm.graph.nodes if n.op == "call_function")
+    assert addmm.meta["nn_module_stack"] == {"": ("", "torch.nn.modules.linear.Linear")}
+    # A plain function has no module stack.
+    gm = torchcap.trace(lambda x: x.sin(), (torch.randn(2),))
+    assert all("nn_module_stack" not in n.meta for n in gm.graph.nodes)
 
 
 # --- Export ----------------------------------------------------------------------------------
