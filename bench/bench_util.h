@@ -13,6 +13,7 @@
 
 #include <malloc.h>
 #include <sys/resource.h>
+#include <time.h>
 
 namespace torchcap::bench {
 
@@ -30,6 +31,56 @@ inline double median_seconds(const std::function<void()>& fn, int runs = 7, int 
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// CPU seconds the process has used so far, all its threads (workers of
+// intra-op parallelism included): less sensitive than wall time to other
+// processes taking the machine's cores.
+inline double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// A baseline against a variant, measured in interleaved rounds (baseline
+// run, then variant run, `iters` calls each), so that a change in the
+// machine's load hits both sides of a difference alike. Medians over rounds
+// of wall and process CPU seconds per call, and of the per-round excess of
+// the variant over the baseline.
+struct Paired {
+  double base_wall = 0, base_cpu = 0;
+  double wall = 0, cpu = 0;
+  double excess_wall = 0, excess_cpu = 0;
+};
+
+inline Paired paired_seconds(const std::function<void()>& base, const std::function<void()>& variant,
+                             int rounds, int iters = 1, int warmup = 2) {
+  for (int i = 0; i < warmup; ++i) {
+    base();
+    variant();
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto time = [iters](const std::function<void()>& fn, std::vector<double>& wall,
+                      std::vector<double>& cpu) {
+    double c0 = process_cpu_seconds();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    auto t1 = std::chrono::steady_clock::now();
+    double c1 = process_cpu_seconds();
+    wall.push_back(std::chrono::duration<double>(t1 - t0).count() / iters);
+    cpu.push_back((c1 - c0) / iters);
+  };
+  std::vector<double> bw, bc, vw, vc, ew, ec;
+  for (int r = 0; r < rounds; ++r) {
+    time(base, bw, bc);
+    time(variant, vw, vc);
+    ew.push_back(vw.back() - bw.back());
+    ec.push_back(vc.back() - bc.back());
+  }
+  return {median(bw), median(bc), median(vw), median(vc), median(ew), median(ec)};
 }
 
 // Enough calls per run for a run to last about `target` seconds.

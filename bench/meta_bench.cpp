@@ -1,15 +1,23 @@
 // Meta mode against real mode and eager execution, in one run.
 //
-//   meta_bench models    MLP-200, ResNet-18 and ViT-B/32: eager, real-mode and
+//   meta_bench models [NAME]
+//                        MLP-200, ResNet-18 and ViT-B/32 (or the one named:
+//                        mlp200, resnet18, vit_b32): eager, real-mode and
 //                        meta-mode trace times, per-node figures and ratios
 //   meta_bench decoder   a GPT-2-XL-sized decoder built on the meta device:
 //                        meta-mode trace time, peak resident memory and the
 //                        size of its weightless file (run
 //                        it in a process of its own: the peak is the
 //                        process's)
+//   meta_bench loop NAME [SECONDS [--no-stack-traces]]
+//                        traces one model (mlp200, resnet18, vit_b32, any
+//                        zoo example) in real mode again and again, for a
+//                        profiler
 //
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
-// trace_bench; meta mode computes nothing, so its figure is trace / nodes.
+// trace_bench, the median over interleaved rounds of each round's difference,
+// in wall time and in process CPU time (all threads); meta mode computes
+// nothing, so its figure is trace / nodes.
 #include "bench_util.h"
 #include "models.h"
 #include "transformers.h"
@@ -77,33 +85,56 @@ void compare(Program& p) {
   int iters = iterations_for(eager, 0.2);
   // Models that take seconds eagerly get fewer runs.
   const bool slow = iters == 1;
-  double t_eager = median_seconds(eager, slow ? 3 : 7, iters, slow ? 1 : 2);
-  double t_real = median_seconds(real, slow ? 3 : 7, iters, slow ? 1 : 2);
+  // Eager and real mode in interleaved rounds (their difference is the
+  // figure that matters, and the machine's load drifts).
+  Paired real_mode = paired_seconds(eager, real, slow ? 3 : 11, iters, slow ? 1 : 2);
   int meta_iters = iterations_for(in_meta, 0.05);
   double t_meta = median_seconds(in_meta, 7, meta_iters);
   double t_shapes = median_seconds(shapes_only, 7, meta_iters);
+  const double t_eager = real_mode.base_wall;
 
   const std::string prefix = "meta/" + p.name + "/";
   print(prefix + "nodes", static_cast<double>(nodes), "nodes");
   print(prefix + "eager", t_eager * 1e3, "ms");
-  print(prefix + "real_trace", t_real * 1e3, "ms");
+  print(prefix + "real_trace", real_mode.wall * 1e3, "ms");
   print(prefix + "meta_trace", t_meta * 1e3, "ms");
   print(prefix + "meta_trace_shapes_only", t_shapes * 1e3, "ms");
-  print(prefix + "real_overhead_per_node", (t_real - t_eager) / nodes * 1e6, "us");
+  print(prefix + "real_overhead_per_node", real_mode.excess_wall / nodes * 1e6, "us");
+  print(prefix + "real_overhead_per_node_cpu", real_mode.excess_cpu / nodes * 1e6, "us");
   print(prefix + "meta_per_node", t_meta / meta_nodes * 1e6, "us");
-  print(prefix + "real_over_eager", t_real / t_eager, "x");
+  print(prefix + "real_over_eager", (t_eager + real_mode.excess_wall) / t_eager, "x");
+  print(prefix + "real_over_eager_cpu",
+        (real_mode.base_cpu + real_mode.excess_cpu) / real_mode.base_cpu, "x");
   print(prefix + "meta_over_eager", t_meta / t_eager, "x");
   if (meta_nodes != nodes) print(prefix + "MISMATCH_meta_nodes", static_cast<double>(meta_nodes), "nodes");
 }
 
-void models() {
+// `only`: one model's name, or empty for all.
+void models(const std::string& only) {
   print("meta/threads", at::get_num_threads(), "threads");
   for (const std::string name : {"mlp200", "resnet18"}) {
+    if (!only.empty() && only != name) continue;
     Program p = from_example(name);
     compare(p);
   }
+  if (!only.empty() && only != "vit_b32") return;
   Program vit = vit_b32();
   compare(vit);
+}
+
+// Traces one program over and over for `seconds`, for a profiler
+// (perf record -g build/meta_bench loop mlp200 10).
+void loop(const std::string& name, double seconds, bool stack_traces) {
+  Program p = name == "vit_b32" ? vit_b32() : from_example(name);
+  TraceOptions options;
+  options.record_stack_traces = stack_traces;
+  auto t0 = std::chrono::steady_clock::now();
+  int n = 0;
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    trace(p.state, p.forward, p.inputs, options);
+    ++n;
+  }
+  print("loop/" + name + "/traces", n, "traces");
 }
 
 void decoder() {
@@ -156,11 +187,14 @@ void decoder() {
 int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "models";
   if (which == "models") {
-    torchcap::bench::models();
+    torchcap::bench::models(argc > 2 ? argv[2] : "");
+  } else if (which == "loop" && argc > 2) {
+    torchcap::bench::loop(argv[2], argc > 3 ? std::atof(argv[3]) : 10.0,
+                          !(argc > 4 && std::strcmp(argv[4], "--no-stack-traces") == 0));
   } else if (which == "decoder") {
     torchcap::bench::decoder();
   } else {
-    std::cerr << "usage: meta_bench [models|decoder]\n";
+    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS [--no-stack-traces]]]\n";
     return 2;
   }
   return 0;
