@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 namespace torchcap::format {
@@ -78,6 +79,110 @@ Header decode_header(const unsigned char* in, uint64_t available) {
     h.header_crc = static_cast<uint32_t>(get(in, field::kHeaderCrc, 4));
   }
   return h;
+}
+
+std::string hex_digits(uint32_t v, int width) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%0*x", width, v);
+  return buf;
+}
+
+CheckedHeader check_header(const unsigned char* b, uint64_t size, bool verify_checksum) {
+  CheckedHeader out;
+  auto problem = [&](uint64_t at, std::string what) {
+    out.problem_at = at;
+    out.problem = std::move(what);
+    return out;
+  };
+  using std::to_string;
+  if (size < sizeof kMagic || std::memcmp(b, kMagic, sizeof kMagic) != 0) {
+    return problem(0, "not a torchcap graph file (the first 8 bytes are not the .tcg magic)");
+  }
+  if (size < kBaseHeaderSize) {
+    return problem(size, "the file ends after " + to_string(size) + " bytes, inside the " +
+                             to_string(kBaseHeaderSize) + "-byte header");
+  }
+  Header& h = out.header;
+  h = decode_header(b, size);
+  const std::string version = to_string(h.major) + "." + to_string(h.minor);
+  if (h.major != kFormatMajorVersion) {
+    return problem(field::kMajor, "format version " + version +
+                                      " is not supported; this torchcap reads version " +
+                                      to_string(kFormatMajorVersion) + ".x");
+  }
+  const bool strict = is_known_minor(h.minor);
+  const uint64_t header_size = header_size_of(h.minor);
+  if (size < header_size) {
+    return problem(size, "the file ends after " + to_string(size) + " bytes, inside the " +
+                             to_string(header_size) + "-byte header of version " + version);
+  }
+  // A version this reader knows has exactly the header it defines; a newer
+  // one may have a larger header, whose extra fields are skipped.
+  if (strict && h.header_size != header_size) {
+    return problem(field::kHeaderSize, "header size " + to_string(h.header_size) + " is not " +
+                                           to_string(header_size) +
+                                           ", the header size of version " + version);
+  }
+  if (h.header_size < header_size || h.header_size > size) {
+    return problem(field::kHeaderSize, "header size " + to_string(h.header_size) +
+                                           " is not between " + to_string(header_size) +
+                                           " and the file size " + to_string(size));
+  }
+  // Before any other field is believed: a damaged header is reported as
+  // such, not as whichever of its fields the damage hit.
+  if (verify_checksum && has_checksums(h.minor)) {
+    uint32_t crc = header_crc(b, h.header_size);
+    if (crc != h.header_crc) {
+      return problem(field::kHeaderCrc, "the header is damaged: its CRC-32 is 0x" +
+                                            hex_digits(crc, 8) + ", the header records 0x" +
+                                            hex_digits(h.header_crc, 8));
+    }
+  }
+  if (h.file_size != size) {
+    return problem(field::kFileSize, "the header gives the file size as " +
+                                         to_string(h.file_size) + " bytes but the file has " +
+                                         to_string(size) +
+                                         (h.file_size > size ? " (truncated)" : " (trailing bytes)"));
+  }
+  if (h.alignment != kAlignment) {
+    return problem(field::kAlignment, "alignment " + to_string(h.alignment) + " is not " +
+                                          to_string(kAlignment));
+  }
+  if (strict && h.flags != 0) {
+    return problem(field::kFlags, "unknown flags 0x" + hex_digits(h.flags) + " for version " +
+                                      version);
+  }
+  if (h.json_offset < h.header_size || h.json_offset > size) {
+    return problem(field::kJsonOffset, "the JSON section's offset " + to_string(h.json_offset) +
+                                           " is not between the end of the header and the "
+                                           "end of the file");
+  }
+  if (h.json_size > size - h.json_offset) {
+    return problem(field::kJsonSize, "the JSON section [" + to_string(h.json_offset) + ", +" +
+                                         to_string(h.json_size) +
+                                         ") extends past the end of the file at " +
+                                         to_string(size));
+  }
+  if (h.json_size > kMaxJsonSize) {
+    return problem(field::kJsonSize, "the JSON section is " + to_string(h.json_size) +
+                                         " bytes; the format allows at most " +
+                                         to_string(kMaxJsonSize));
+  }
+  const uint64_t json_end = h.json_offset + h.json_size;
+  if (h.data_offset % kAlignment != 0 || h.data_offset < json_end || h.data_offset > size) {
+    return problem(field::kDataOffset,
+                   "the data section's offset " + to_string(h.data_offset) +
+                       " is not a multiple of " + to_string(kAlignment) +
+                       " between the end of the JSON section at " + to_string(json_end) +
+                       " and the end of the file");
+  }
+  if (h.data_size > size - h.data_offset) {
+    return problem(field::kDataSize, "the data section [" + to_string(h.data_offset) + ", +" +
+                                         to_string(h.data_size) +
+                                         ") extends past the end of the file at " +
+                                         to_string(size));
+  }
+  return out;
 }
 
 const char* dtype_name(c10::ScalarType t) {

@@ -167,6 +167,28 @@ void encode_header(const Header& h, char* out);
 // nothing.
 Header decode_header(const unsigned char* in, uint64_t available);
 
+// A header read from a file and checked, or the first problem with it: the
+// byte of the field that is wrong and what is wrong with it.
+struct CheckedHeader {
+  Header header;
+  uint64_t problem_at = 0;
+  std::string problem;  // empty if the header is sound
+};
+// Reads and checks the header of the `size` bytes of `file` (Note [Reading
+// hostile files] in reader.cpp): the magic, the version, the header's size
+// and, if `verify_checksum` and the version has one, its CRC-32; then every
+// offset and size against the file's real size, with overflow-safe
+// arithmetic. A newer minor version may have a larger header and flags this
+// reader does not know; they are skipped.
+CheckedHeader check_header(const unsigned char* file, uint64_t size, bool verify_checksum);
+// Whether a file of version 1.`minor` may hold only keys, flags and header
+// fields this build knows (Note [Keys by version]).
+inline bool is_known_minor(uint16_t minor) { return minor <= kFormatMinorVersion; }
+
+// Hex digits of `v`, at least `width` of them (8 for a checksum, as
+// checksums are usually written).
+std::string hex_digits(uint32_t v, int width = 0);
+
 inline uint64_t align_up(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 
 // Note [Wire tokens]: every word the format spells in a file has one entry in

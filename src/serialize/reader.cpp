@@ -2,7 +2,8 @@
 //
 // Note [Reading hostile files]: the reader assumes nothing about the bytes.
 // Every header field, offset and length is checked against the file's real
-// size with overflow-safe arithmetic before it is used; the JSON text is
+// size with overflow-safe arithmetic before it is used (format::check_header,
+// beside the header's encoding); the JSON text is
 // bounded by the file size and by kMaxJsonSize, and its nesting by
 // kMaxJsonDepth, checked by a flat scan before the parser or any recursive
 // function sees it; no count read from the file is used to reserve memory;
@@ -14,10 +15,12 @@
 #include <torchcap/error.h>
 #include <torchcap/serialize.h>
 
+#include "graph/operator_name.h"
 #include "graph/schema_check.h"
 #include "serialize/format.h"
 #include "serialize/json_scan.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <nlohmann/json.hpp>
@@ -29,7 +32,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -82,43 +89,6 @@ class AlignedCopy : public Bytes {
   }
   ~AlignedCopy() override { std::free(data_); }
 };
-
-// Where a value sits inside one node or table entry, for messages:
-// "args[1][0]", "meta.val.tensors[0].sizes". Lives on the stack while the
-// reader descends; rendered only when something fails.
-struct Path {
-  const Path* parent = nullptr;
-  const char* key = nullptr;  // a member name, or nullptr for an index
-  int64_t index = 0;
-
-  Path at(const char* k) const { return Path{this, k, 0}; }
-  Path at(int64_t i) const { return Path{this, nullptr, i}; }
-
-  std::string str() const {
-    std::vector<const Path*> chain;
-    for (const Path* p = this; p != nullptr && p->parent != nullptr; p = p->parent) {
-      chain.push_back(p);
-    }
-    std::string s;
-    for (size_t i = chain.size(); i-- > 0;) {
-      const Path* p = chain[i];
-      if (p->key != nullptr) {
-        s += (s.empty() ? "" : ".") + std::string(p->key);
-      } else {
-        s += "[" + std::to_string(p->index) + "]";
-      }
-    }
-    return s;
-  }
-};
-
-// What is being read: a byte offset in the file and a label ("node %addmm
-// (nodes[3])", "tensor 'fc.weight' (tensors[0])").
-struct Where {
-  uint64_t offset = 0;
-  std::string label;
-};
-
 // An operator outside LibTorch's own namespaces (torchvision::nms, a user's
 // library): present only if its library was loaded into the process.
 bool is_custom_operator(const std::string& target) {
@@ -157,24 +127,252 @@ const char* json_type(const Json& v) {
   }
 }
 
+// What every message from one file shares, and what check_keys needs.
+struct FileInfo {
+  std::string source;  // the path, or the name given to load_from_buffer
+  uint16_t major = 0, minor = 0;
+  bool strict = true;  // a version this build knows: unknown keys are errors
+};
+
+[[noreturn]] void fail_at(const FileInfo& file, uint64_t offset, const std::string& what) {
+  throw FormatError(file.source + ": byte " + std::to_string(offset) + ": " + what);
+}
+
+// Note [Field cursor]: what the reader is reading, and where. An Entry is one
+// element of a table ("nodes[3]", "tensors[0]") or one top-level value
+// ("'signature'"), with the byte where it starts; once its name is read, it
+// is called by it ("node %addmm (nodes[3])"). A Field is a JSON value inside
+// an entry with its path there ("args[1][0]", "meta.val.tensors[0].sizes").
+// Typed reads on a Field (`node["name"].string()`) fail with a FormatError
+// naming file, byte, entry and path. Nothing of that text is made unless
+// something fails: a Field is a few pointers, and its path is its chain of
+// parents.
+struct Entry {
+  const FileInfo* file = nullptr;
+  uint64_t offset = 0;
+  const char* table = nullptr;  // "nodes", or nullptr for a top-level value
+  const char* key = nullptr;    // the top-level key, if not a table element
+  size_t index = 0;
+  const char* noun = nullptr;   // "node", "tensor", "attribute": once named
+  const std::string* name = nullptr;
+
+  std::string label() const {
+    if (table == nullptr) return key == nullptr ? std::string() : "'" + std::string(key) + "'";
+    std::string element = std::string(table) + "[" + std::to_string(index) + "]";
+    if (name == nullptr) return element;
+    if (std::strcmp(noun, "node") == 0) return "node %" + *name + " (" + element + ")";
+    return std::string(noun) + " '" + *name + "' (" + element + ")";
+  }
+
+  // "LABEL: PATH: WHAT", leaving out what is empty.
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    std::string prefix = label();
+    if (!path.empty()) prefix += prefix.empty() ? path : ": " + path;
+    fail_at(*file, offset, prefix.empty() ? what : prefix + ": " + what);
+  }
+};
+
+// A Field refers to its parent, as a std::string_view to its string: it may
+// not outlive the Field it was reached from. Members and elements are
+// therefore only reached from named Fields (`f["a"]` on a temporary does not
+// compile), and Fields are passed down, never returned up.
+class Field {
+ public:
+  Field(const Json& v, const Entry& entry) : v_(&v), entry_(&entry) {}
+
+  const Json& json() const { return *v_; }
+  const Entry& entry() const { return *entry_; }
+
+  // Member `key`; fails if there is none.
+  Field operator[](const char* key) const& {
+    auto it = v_->find(key);
+    if (it == v_->end()) fail(std::string("missing '") + key + "'");
+    return Field(*it, this, key, 0);
+  }
+  Field operator[](const char* key) const&& = delete;
+  // Element `i` of an array that has it.
+  Field operator[](size_t i) const& { return Field((*v_)[i], this, nullptr, i); }
+  Field operator[](size_t i) const&& = delete;
+  // Member `key`, if there is one.
+  std::optional<Field> find(const char* key) const& {
+    auto it = v_->find(key);
+    if (it == v_->end()) return std::nullopt;
+    return Field(*it, this, key, 0);
+  }
+  std::optional<Field> find(const char* key) const&& = delete;
+  bool has(const char* key) const { return v_->contains(key); }
+  size_t size() const { return v_->size(); }
+
+  // Where this field is inside its entry: "args[1][0]".
+  std::string path() const {
+    std::vector<const Field*> chain;
+    for (const Field* f = this; f->parent_ != nullptr; f = f->parent_) chain.push_back(f);
+    std::string s;
+    for (size_t i = chain.size(); i-- > 0;) {
+      const Field* f = chain[i];
+      if (f->key_ != nullptr) {
+        s += (s.empty() ? "" : ".") + std::string(f->key_);
+      } else {
+        s += "[" + std::to_string(f->index_) + "]";
+      }
+    }
+    return s;
+  }
+
+  [[noreturn]] void fail(const std::string& what) const { entry_->fail(path(), what); }
+
+  // --- Typed reads: each fails naming this field ---------------------------
+
+  const Field& object() const {
+    if (!v_->is_object()) fail(std::string("expected an object, got ") + json_type(*v_));
+    return *this;
+  }
+
+  const Field& array() const {
+    if (!v_->is_array()) fail(std::string("expected an array, got ") + json_type(*v_));
+    return *this;
+  }
+
+  const std::string& string() const {
+    if (!v_->is_string()) fail(std::string("expected a string, got ") + json_type(*v_));
+    return v_->get_ref<const std::string&>();
+  }
+
+  int64_t integer() const {
+    if (v_->is_number_unsigned()) {
+      uint64_t u = v_->get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        fail("integer " + std::to_string(u) + " does not fit in 64 signed bits");
+      }
+      return static_cast<int64_t>(u);
+    }
+    if (!v_->is_number_integer()) fail(std::string("expected an integer, got ") + json_type(*v_));
+    return v_->get<int64_t>();
+  }
+
+  int64_t non_negative() const {
+    int64_t i = integer();
+    if (i < 0) fail("expected a non-negative integer, got " + std::to_string(i));
+    return i;
+  }
+
+  // Sizes (each non-negative) or strides.
+  std::vector<int64_t> dims(bool sizes) const {
+    array();
+    if (size() > format::kMaxTensorDims) {
+      fail(std::to_string(size()) + " dimensions; the format allows at most " +
+           std::to_string(format::kMaxTensorDims));
+    }
+    std::vector<int64_t> out;
+    out.reserve(size());
+    for (size_t i = 0; i < size(); ++i) {
+      Field d = (*this)[i];
+      out.push_back(sizes ? d.non_negative() : d.integer());
+    }
+    return out;
+  }
+
+  double float_value() const { return float_value_of(*v_); }
+
+  // The float `v` holds, reported as this field: a spec's constant
+  // {"float": "nan"} is named by the constant's path.
+  double float_value_of(const Json& v) const {
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      if (!std::isfinite(d)) fail("a float written as a number must be finite");
+      return d;
+    }
+    if (!v.is_string()) fail(std::string("expected a string, got ") + json_type(v));
+    const std::string& s = v.get_ref<const std::string&>();
+    std::optional<double> d = format::nonfinite_double_from_string(s);
+    if (!d) fail("'" + s + "' is not inf, -inf, nan or the 0x bits of a NaN");
+    return *d;
+  }
+
+  c10::ScalarType dtype() const {
+    const std::string& s = string();
+    std::optional<c10::ScalarType> t = format::dtype_from_name(s);
+    if (!t) fail("unknown dtype '" + s + "'");
+    return *t;
+  }
+
+  c10::Device device() const {
+    const std::string& s = string();
+    // Nearly every device in a file is "cpu": skip the parser for it.
+    if (s == "cpu") return c10::Device(c10::kCPU);
+    try {
+      return c10::Device(s);
+    } catch (const std::exception&) {
+      fail("'" + s + "' is not a device");
+    }
+  }
+
+  // The value this string names in `table` (Note [Wire tokens]); `what`
+  // says what it names, for the message.
+  template <typename T, size_t N>
+  T token(const format::Token<T> (&table)[N], const char* what) const {
+    const std::string& s = string();
+    std::optional<T> value = format::token_value(table, s);
+    if (!value) fail(std::string("unknown ") + what + " '" + s + "'");
+    return *value;
+  }
+
+  // Note [Keys by version] in format.h: in a file of a version this build
+  // knows, an object holds no key that version does not have.
+  void check_keys(const format::Keys& allowed) const {
+    const FileInfo& file = *entry_->file;
+    if (!file.strict) return;
+    for (auto it = v_->begin(); it != v_->end(); ++it) {
+      if (format::has_key(allowed, it.key(), file.minor)) continue;
+      // A key of a later version in a file that says it is older: say so.
+      int since = format::key_since(allowed, it.key());
+      fail("unknown key '" + it.key() + "'" +
+           (since > file.minor ? " in a file of version " + std::to_string(file.major) + "." +
+                                     std::to_string(file.minor) + " (version 1." +
+                                     std::to_string(since) + " added it)"
+                               : std::string()));
+    }
+  }
+
+ private:
+  Field(const Json& v, const Field* parent, const char* key, size_t index)
+      : v_(&v), entry_(parent->entry_), parent_(parent), key_(key), index_(index) {}
+
+  const Json* v_;
+  const Entry* entry_;
+  const Field* parent_ = nullptr;  // nullptr: the entry's own value
+  const char* key_ = nullptr;      // a member name, or nullptr for an index
+  size_t index_ = 0;
+};
+
 class Reader {
  public:
   Reader(std::string source, std::shared_ptr<Bytes> bytes, const LoadOptions& options)
-      : source_(std::move(source)), bytes_(std::move(bytes)), options_(options) {}
+      : bytes_(std::move(bytes)), options_(options) {
+    file_.source = std::move(source);
+  }
 
   GraphModule read() {
     read_header();
     parse_json();
-    check_keys(doc_, format::keys::kDocument, top_, Path{});
+    Entry document{&file_, h_.json_offset};
+    Field(doc_, document).check_keys(format::keys::kDocument);
     read_tensors();
     read_attributes();
     read_module_stacks();
     GraphModule gm;
     read_nodes(gm.graph());
-    gm.in_spec = read_spec(top_member("in_spec"), top_where("in_spec"), Path{});
-    gm.out_spec = read_spec(top_member("out_spec"), top_where("out_spec"), Path{});
+    {
+      Entry e = top_entry("in_spec");
+      gm.in_spec = read_spec(Field(top_member("in_spec"), e));
+    }
+    {
+      Entry e = top_entry("out_spec");
+      gm.out_spec = read_spec(Field(top_member("out_spec"), e));
+    }
     if (auto it = doc_.find("signature"); it != doc_.end()) {
-      gm.output_specs = read_signature(*it, top_where("signature"));
+      Entry e = top_entry("signature");
+      gm.output_specs = read_signature(Field(*it, e));
     } else if (const Node* out = gm.graph().output_node()) {
       // A file without a signature returns user outputs only.
       gm.output_specs.assign(out->args()[0].to_list().size(), OutputSpec{});
@@ -185,7 +383,7 @@ class Reader {
     try {
       gm.lint();
     } catch (const LintError& e) {
-      fail_at(top_where("nodes").offset, e.what());
+      fail_at(file_, top_entry("nodes").offset, e.what());
     }
     bind(gm);
     return gm;
@@ -205,153 +403,44 @@ class Reader {
       if (auto at = what.find(hint); at != std::string::npos) {
         what.replace(at, hint.size(), "LoadOptions::strict_weights = false");
       }
-      throw WeightError(source_ + ": " + what);
+      throw WeightError(file_.source + ": " + what);
     }
   }
 
-  // --- Errors ----------------------------------------------------------------
-
-  [[noreturn]] void fail_at(uint64_t offset, const std::string& what) const {
-    throw FormatError(source_ + ": byte " + std::to_string(offset) + ": " + what);
-  }
-
-  [[noreturn]] void fail(const Where& w, const Path& p, const std::string& what) const {
-    std::string path = p.str();
-    std::string prefix = w.label;
-    if (!path.empty()) prefix += prefix.empty() ? path : ": " + path;
-    fail_at(w.offset, prefix.empty() ? what : prefix + ": " + what);
-  }
-
-  // --- Header ----------------------------------------------------------------
+  // --- Header and JSON -------------------------------------------------------
 
   void read_header() {
-    const uint64_t size = bytes_->size();
-    const unsigned char* b = bytes_->data();
-    if (size < sizeof format::kMagic ||
-        std::memcmp(b, format::kMagic, sizeof format::kMagic) != 0) {
-      fail_at(0, "not a torchcap graph file (the first 8 bytes are not the .tcg magic)");
-    }
-    if (size < format::kBaseHeaderSize) {
-      fail_at(size, "the file ends after " + std::to_string(size) + " bytes, inside the " +
-                        std::to_string(format::kBaseHeaderSize) + "-byte header");
-    }
-    h_ = format::decode_header(b, size);
-    const std::string version = std::to_string(h_.major) + "." + std::to_string(h_.minor);
-    if (h_.major != kFormatMajorVersion) {
-      fail_at(format::field::kMajor, "format version " + version +
-                                         " is not supported; this torchcap reads version " +
-                                         std::to_string(kFormatMajorVersion) + ".x");
-    }
-    // A newer minor version may add keys and flags this reader does not know;
-    // it skips them. Files of its own version must contain nothing unknown.
-    strict_ = h_.minor <= kFormatMinorVersion;
+    format::CheckedHeader checked =
+        format::check_header(bytes_->data(), bytes_->size(), options_.verify_checksums);
+    if (!checked.problem.empty()) fail_at(file_, checked.problem_at, checked.problem);
+    h_ = checked.header;
+    file_.major = h_.major;
+    file_.minor = h_.minor;
+    file_.strict = format::is_known_minor(h_.minor);
     checksums_ = format::has_checksums(h_.minor);
     verify_checksums_ = checksums_ && options_.verify_checksums;
-    const uint64_t header_size = format::header_size_of(h_.minor);
-    if (size < header_size) {
-      fail_at(size, "the file ends after " + std::to_string(size) + " bytes, inside the " +
-                        std::to_string(header_size) + "-byte header of version " + version);
-    }
-    // A version this reader knows has exactly the header it defines; a newer
-    // one may have a larger header, whose extra fields are skipped.
-    if (strict_ && h_.header_size != header_size) {
-      fail_at(format::field::kHeaderSize,
-              "header size " + std::to_string(h_.header_size) + " is not " +
-                  std::to_string(header_size) + ", the header size of version " + version);
-    }
-    if (h_.header_size < header_size || h_.header_size > size) {
-      fail_at(format::field::kHeaderSize,
-              "header size " + std::to_string(h_.header_size) + " is not between " +
-                  std::to_string(header_size) + " and the file size " + std::to_string(size));
-    }
-    // Before any other field is believed: a damaged header is reported as
-    // such, not as whichever of its fields the damage hit.
-    if (verify_checksums_) {
-      uint32_t crc = format::header_crc(b, h_.header_size);
-      if (crc != h_.header_crc) {
-        fail_at(format::field::kHeaderCrc,
-                "the header is damaged: its CRC-32 is 0x" + hex_str(crc, 8) +
-                    ", the header records 0x" + hex_str(h_.header_crc, 8));
-      }
-    }
-    if (h_.file_size != size) {
-      fail_at(format::field::kFileSize,
-              "the header gives the file size as " + std::to_string(h_.file_size) +
-                  " bytes but the file has " + std::to_string(size) +
-                  (h_.file_size > size ? " (truncated)" : " (trailing bytes)"));
-    }
-    if (h_.alignment != format::kAlignment) {
-      fail_at(format::field::kAlignment, "alignment " + std::to_string(h_.alignment) +
-                                             " is not " + std::to_string(format::kAlignment));
-    }
-    if (strict_ && h_.flags != 0) {
-      fail_at(format::field::kFlags, "unknown flags 0x" + hex_str(h_.flags) + " for version " +
-                                         std::to_string(h_.major) + "." +
-                                         std::to_string(h_.minor));
-    }
-    if (h_.json_offset < h_.header_size || h_.json_offset > size) {
-      fail_at(format::field::kJsonOffset, "the JSON section's offset " +
-                                              std::to_string(h_.json_offset) +
-                                              " is not between the end of the header and the "
-                                              "end of the file");
-    }
-    if (h_.json_size > size - h_.json_offset) {
-      fail_at(format::field::kJsonSize,
-              "the JSON section [" + std::to_string(h_.json_offset) + ", +" +
-                  std::to_string(h_.json_size) + ") extends past the end of the file at " +
-                  std::to_string(size));
-    }
-    if (h_.json_size > format::kMaxJsonSize) {
-      fail_at(format::field::kJsonSize, "the JSON section is " + std::to_string(h_.json_size) +
-                                            " bytes; the format allows at most " +
-                                            std::to_string(format::kMaxJsonSize));
-    }
-    const uint64_t json_end = h_.json_offset + h_.json_size;
-    if (h_.data_offset % format::kAlignment != 0 || h_.data_offset < json_end ||
-        h_.data_offset > size) {
-      fail_at(format::field::kDataOffset,
-              "the data section's offset " + std::to_string(h_.data_offset) +
-                  " is not a multiple of " + std::to_string(format::kAlignment) +
-                  " between the end of the JSON section at " + std::to_string(json_end) +
-                  " and the end of the file");
-    }
-    if (h_.data_size > size - h_.data_offset) {
-      fail_at(format::field::kDataSize,
-              "the data section [" + std::to_string(h_.data_offset) + ", +" +
-                  std::to_string(h_.data_size) + ") extends past the end of the file at " +
-                  std::to_string(size));
-    }
   }
-
-  // Hex digits of `v`, at least `width` of them (8 for a checksum, as
-  // checksums are usually written).
-  static std::string hex_str(uint32_t v, int width = 0) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%0*x", width, v);
-    return buf;
-  }
-
-  // --- JSON ------------------------------------------------------------------
 
   void parse_json() {
     const char* text = reinterpret_cast<const char*>(bytes_->data() + h_.json_offset);
     if (verify_checksums_) {
       uint32_t crc = format::crc32(text, h_.json_size);
       if (crc != h_.json_crc) {
-        fail_at(h_.json_offset, "the JSON section is damaged: its CRC-32 is 0x" + hex_str(crc, 8) +
-                                    ", the header records 0x" + hex_str(h_.json_crc, 8));
+        fail_at(file_, h_.json_offset,
+                "the JSON section is damaged: its CRC-32 is 0x" + format::hex_digits(crc, 8) +
+                    ", the header records 0x" + format::hex_digits(h_.json_crc, 8));
       }
     }
     scan_ = format::scan_json(text, h_.json_size, format::kMaxJsonDepth);
     if (scan_.nul) {
-      fail_at(h_.json_offset + scan_.nul_at, "the JSON section contains a NUL byte");
+      fail_at(file_, h_.json_offset + scan_.nul_at, "the JSON section contains a NUL byte");
     }
     if (scan_.big_integer) {
-      fail_at(h_.json_offset + scan_.big_integer_at,
+      fail_at(file_, h_.json_offset + scan_.big_integer_at,
               "integer " + scan_.big_integer_text + " does not fit in 64 signed bits");
     }
     if (scan_.too_deep) {
-      fail_at(h_.json_offset + scan_.too_deep_at,
+      fail_at(file_, h_.json_offset + scan_.too_deep_at,
               "the JSON nests deeper than " + std::to_string(format::kMaxJsonDepth) + " levels");
     }
     try {
@@ -366,12 +455,11 @@ class Reader {
       std::string what = e.what();
       size_t bracket = what.find("] ");
       if (bracket != std::string::npos) what = what.substr(bracket + 2);
-      fail_at(at, "the JSON section is not valid JSON: " + what);
+      fail_at(file_, at, "the JSON section is not valid JSON: " + what);
     }
-    top_ = Where{h_.json_offset, ""};
     if (!doc_.is_object()) {
-      fail_at(h_.json_offset, "the JSON section must hold an object, not " +
-                                  std::string(json_type(doc_)));
+      fail_at(file_, h_.json_offset,
+              "the JSON section must hold an object, not " + std::string(json_type(doc_)));
     }
   }
 
@@ -412,193 +500,103 @@ class Reader {
                        text + scan_.element_ends.at("nodes")[i]);
   }
 
-  Where top_where(const char* key) const {
+  // A top-level value, such as 'signature', for messages.
+  Entry top_entry(const char* key) const {
     auto it = scan_.values.find(key);
-    return Where{it == scan_.values.end() ? h_.json_offset : h_.json_offset + it->second,
-                 std::string("'") + key + "'"};
+    Entry e{&file_, it == scan_.values.end() ? h_.json_offset : h_.json_offset + it->second};
+    e.key = key;
+    return e;
+  }
+
+  // Element `i` of top-level array `table`, for messages.
+  Entry table_entry(const char* table, size_t i) const {
+    Entry e{&file_, top_entry(table).offset};
+    auto it = scan_.elements.find(table);
+    if (it != scan_.elements.end() && i < it->second.size()) {
+      e.offset = h_.json_offset + it->second[i];
+    }
+    e.table = table;
+    e.index = i;
+    return e;
   }
 
   const Json& top_member(const char* key) const {
     auto it = doc_.find(key);
-    if (it == doc_.end()) fail_at(h_.json_offset, "the JSON section has no '" + std::string(key) + "'");
+    if (it == doc_.end()) {
+      fail_at(file_, h_.json_offset, "the JSON section has no '" + std::string(key) + "'");
+    }
     return *it;
-  }
-
-  // The byte where element `i` of top-level array `key` starts.
-  uint64_t element_offset(const char* key, size_t i) const {
-    auto it = scan_.elements.find(key);
-    if (it == scan_.elements.end() || i >= it->second.size()) return top_where(key).offset;
-    return h_.json_offset + it->second[i];
-  }
-
-  // Note [Keys by version] in format.h.
-  void check_keys(const Json& obj, const format::Keys& allowed, const Where& w,
-                  const Path& p) const {
-    if (!strict_) return;
-    for (auto it = obj.begin(); it != obj.end(); ++it) {
-      if (!format::has_key(allowed, it.key(), h_.minor)) {
-        // A key of a later version in a file that says it is older: say so.
-        int since = format::key_since(allowed, it.key());
-        fail(w, p, "unknown key '" + it.key() + "'" +
-                       (since > h_.minor ? " in a file of version " + std::to_string(h_.major) +
-                                               "." + std::to_string(h_.minor) +
-                                               " (version 1." + std::to_string(since) +
-                                               " added it)"
-                                         : std::string()));
-      }
-    }
-  }
-
-  const Json& member(const Json& obj, const char* key, const Where& w, const Path& p) const {
-    auto it = obj.find(key);
-    if (it == obj.end()) fail(w, p, std::string("missing '") + key + "'");
-    return *it;
-  }
-
-  const Json& object(const Json& v, const Where& w, const Path& p) const {
-    if (!v.is_object()) fail(w, p, std::string("expected an object, got ") + json_type(v));
-    return v;
-  }
-
-  const Json& array(const Json& v, const Where& w, const Path& p) const {
-    if (!v.is_array()) fail(w, p, std::string("expected an array, got ") + json_type(v));
-    return v;
-  }
-
-  const std::string& string(const Json& v, const Where& w, const Path& p) const {
-    if (!v.is_string()) fail(w, p, std::string("expected a string, got ") + json_type(v));
-    return v.get_ref<const std::string&>();
-  }
-
-  int64_t integer(const Json& v, const Where& w, const Path& p) const {
-    if (v.is_number_unsigned()) {
-      uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        fail(w, p, "integer " + std::to_string(u) + " does not fit in 64 signed bits");
-      }
-      return static_cast<int64_t>(u);
-    }
-    if (!v.is_number_integer()) fail(w, p, std::string("expected an integer, got ") + json_type(v));
-    return v.get<int64_t>();
-  }
-
-  int64_t non_negative(const Json& v, const Where& w, const Path& p) const {
-    int64_t i = integer(v, w, p);
-    if (i < 0) fail(w, p, "expected a non-negative integer, got " + std::to_string(i));
-    return i;
-  }
-
-  std::vector<int64_t> dims(const Json& v, const Where& w, const Path& p, bool sizes) const {
-    const Json& a = array(v, w, p);
-    if (a.size() > format::kMaxTensorDims) {
-      fail(w, p, std::to_string(a.size()) + " dimensions; the format allows at most " +
-                     std::to_string(format::kMaxTensorDims));
-    }
-    std::vector<int64_t> out;
-    for (size_t i = 0; i < a.size(); ++i) {
-      out.push_back(sizes ? non_negative(a[i], w, p.at(static_cast<int64_t>(i)))
-                          : integer(a[i], w, p.at(static_cast<int64_t>(i))));
-    }
-    return out;
-  }
-
-  double float_value(const Json& v, const Where& w, const Path& p) const {
-    if (v.is_number_float()) {
-      double d = v.get<double>();
-      if (!std::isfinite(d)) fail(w, p, "a float written as a number must be finite");
-      return d;
-    }
-    const std::string& s = string(v, w, p);
-    std::optional<double> d = format::nonfinite_double_from_string(s);
-    if (!d) fail(w, p, "'" + s + "' is not inf, -inf, nan or the 0x bits of a NaN");
-    return *d;
-  }
-
-  c10::ScalarType dtype(const Json& v, const Where& w, const Path& p) const {
-    const std::string& s = string(v, w, p);
-    std::optional<c10::ScalarType> t = format::dtype_from_name(s);
-    if (!t) fail(w, p, "unknown dtype '" + s + "'");
-    return *t;
-  }
-
-  c10::Device device(const Json& v, const Where& w, const Path& p) const {
-    const std::string& s = string(v, w, p);
-    try {
-      return c10::Device(s);
-    } catch (const std::exception&) {
-      fail(w, p, "'" + s + "' is not a device");
-    }
   }
 
   // --- Tensors ---------------------------------------------------------------
 
   void read_tensors() {
-    const Json& table = top_member("tensors");
-    Where w = top_where("tensors");
-    array(table, w, Path{});
+    Entry table_at = top_entry("tensors");
+    Field table(top_member("tensors"), table_at);
+    table.array();
     std::set<std::string> names;
     // (offset, length, index) of every non-empty tensor, to find overlaps.
     std::vector<std::tuple<uint64_t, uint64_t, size_t>> ranges;
     for (size_t i = 0; i < table.size(); ++i) {
-      Where e{element_offset("tensors", i), "tensors[" + std::to_string(i) + "]"};
-      const Json& t = object(table[i], e, Path{});
-      check_keys(t, format::keys::kTensor, e, Path{});
-      Path root;
-      const std::string& name = string(member(t, "name", e, root), e, root.at("name"));
-      if (name.empty()) fail(e, root.at("name"), "the name is empty");
-      e.label = "tensor '" + name + "' (" + e.label + ")";
-      if (!names.insert(name).second) fail(e, root.at("name"), "a second tensor has this name");
+      Entry e = table_entry("tensors", i);
+      Field t(table.json()[i], e);
+      t.object().check_keys(format::keys::kTensor);
+      const std::string& name = t["name"].string();
+      if (name.empty()) t["name"].fail("the name is empty");
+      e.noun = "tensor";
+      e.name = &name;
+      if (!names.insert(name).second) t["name"].fail("a second tensor has this name");
 
-      c10::ScalarType type = dtype(member(t, "dtype", e, root), e, root.at("dtype"));
+      Field dtype = t["dtype"];
+      c10::ScalarType type = dtype.dtype();
       if (!format::is_storable_dtype(type)) {
-        fail(e, root.at("dtype"), std::string("tensors of dtype ") + format::dtype_name(type) +
-                                      " cannot be stored in the data section");
+        dtype.fail(std::string("tensors of dtype ") + format::dtype_name(type) +
+                   " cannot be stored in the data section");
       }
-      std::vector<int64_t> sizes = dims(member(t, "sizes", e, root), e, root.at("sizes"), true);
-      std::vector<int64_t> strides =
-          dims(member(t, "strides", e, root), e, root.at("strides"), true);
+      std::vector<int64_t> sizes = t["sizes"].dims(true);
+      Field strides_field = t["strides"];
+      std::vector<int64_t> strides = strides_field.dims(true);
       if (strides.size() != sizes.size()) {
-        fail(e, root.at("strides"), std::to_string(strides.size()) + " strides for " +
-                                        std::to_string(sizes.size()) + " dimensions");
+        strides_field.fail(std::to_string(strides.size()) + " strides for " +
+                           std::to_string(sizes.size()) + " dimensions");
       }
-      if (auto it = t.find("weightless"); it != t.end()) {
-        read_weightless(t, *it, type, sizes, strides, e);
+      if (auto flag = t.find("weightless")) {
+        read_weightless(t, *flag, type, sizes, strides);
         tensor_names_.push_back(name);
         continue;
       }
-      uint64_t offset = static_cast<uint64_t>(
-          non_negative(member(t, "offset", e, root), e, root.at("offset")));
-      uint64_t length = static_cast<uint64_t>(
-          non_negative(member(t, "length", e, root), e, root.at("length")));
+      Field offset_field = t["offset"];
+      const uint64_t offset = static_cast<uint64_t>(offset_field.non_negative());
+      Field length_field = t["length"];
+      const uint64_t length = static_cast<uint64_t>(length_field.non_negative());
       uint32_t recorded_crc = 0;
       if (checksums_) {
-        int64_t crc = non_negative(member(t, "crc32", e, root), e, root.at("crc32"));
+        Field crc_field = t["crc32"];
+        int64_t crc = crc_field.non_negative();
         if (crc > int64_t{0xffffffff}) {
-          fail(e, root.at("crc32"), "CRC-32 " + std::to_string(crc) + " does not fit in 32 bits");
+          crc_field.fail("CRC-32 " + std::to_string(crc) + " does not fit in 32 bits");
         }
         recorded_crc = static_cast<uint32_t>(crc);
       }
 
       uint64_t expected = 0;
       if (!byte_span(sizes, strides, c10::elementSize(type), expected)) {
-        fail(e, root, "sizes " + list_str(sizes) + " with strides " + list_str(strides) +
-                          " span more bytes than 64 bits can count");
+        t.fail("sizes " + list_str(sizes) + " with strides " + list_str(strides) +
+               " span more bytes than 64 bits can count");
       }
       if (length != expected) {
-        fail(e, root.at("length"),
-             "byte length " + std::to_string(length) + " does not match dtype " +
-                 format::dtype_name(type) + ", sizes " + list_str(sizes) + " and strides " +
-                 list_str(strides) + ", which span " + std::to_string(expected) + " bytes");
+        length_field.fail("byte length " + std::to_string(length) + " does not match dtype " +
+                          format::dtype_name(type) + ", sizes " + list_str(sizes) +
+                          " and strides " + list_str(strides) + ", which span " +
+                          std::to_string(expected) + " bytes");
       }
       if (offset % format::kAlignment != 0) {
-        fail(e, root.at("offset"), "offset " + std::to_string(offset) +
-                                       " is not a multiple of " +
-                                       std::to_string(format::kAlignment));
+        offset_field.fail("offset " + std::to_string(offset) + " is not a multiple of " +
+                          std::to_string(format::kAlignment));
       }
       if (offset > h_.data_size || length > h_.data_size - offset) {
-        fail(e, root, "bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
-                          ") of the data section extend past its end at " +
-                          std::to_string(h_.data_size));
+        t.fail("bytes [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+               ") of the data section extend past its end at " + std::to_string(h_.data_size));
       }
       if (length > 0) ranges.emplace_back(offset, length, i);
 
@@ -606,9 +604,10 @@ class Reader {
       if (verify_checksums_) {
         uint32_t crc = format::crc32(data, length);
         if (crc != recorded_crc) {
-          fail_at(h_.data_offset + offset,
-                  e.label + ": its bytes are damaged: their CRC-32 is 0x" + hex_str(crc, 8) +
-                      ", the tensor table records 0x" + hex_str(recorded_crc, 8));
+          fail_at(file_, h_.data_offset + offset,
+                  e.label() + ": its bytes are damaged: their CRC-32 is 0x" +
+                      format::hex_digits(crc, 8) + ", the tensor table records 0x" +
+                      format::hex_digits(recorded_crc, 8));
         }
       }
       if (type == c10::ScalarType::Bool) check_bools(data, length, e);
@@ -625,34 +624,32 @@ class Reader {
       if (offset < prev_offset + prev_length) {
         // Named at the later of the two table entries, as if read in order.
         size_t later = std::max(index, prev_index), earlier = std::min(index, prev_index);
-        fail(Where{element_offset("tensors", later),
-                   "tensor '" + tensor_names_[later] + "' (tensors[" + std::to_string(later) +
-                       "])"},
-             Path{}, "its bytes overlap those of tensor '" + tensor_names_[earlier] + "'");
+        Entry e = table_entry("tensors", later);
+        e.noun = "tensor";
+        e.name = &tensor_names_[later];
+        e.fail("", "its bytes overlap those of tensor '" + tensor_names_[earlier] + "'");
       }
     }
   }
 
   // Note [Weightless tensors] in format.h: an entry with its metadata only,
   // which becomes a meta tensor (no memory) for LoadOptions::weights to bind.
-  void read_weightless(const Json& t, const Json& flag, c10::ScalarType type,
-                       const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
-                       const Where& e) {
-    Path root;
-    if (!flag.is_boolean() || !flag.get<bool>()) {
-      fail(e, root.at("weightless"),
-           std::string("expected true, got ") + (flag.is_boolean() ? "false" : json_type(flag)));
+  void read_weightless(const Field& t, const Field& flag, c10::ScalarType type,
+                       const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+    const Json& v = flag.json();
+    if (!v.is_boolean() || !v.get<bool>()) {
+      flag.fail(std::string("expected true, got ") + (v.is_boolean() ? "false" : json_type(v)));
     }
     for (const char* key : {"offset", "length", "crc32"}) {
-      if (t.contains(key)) {
-        fail(e, root.at(key), "a weightless tensor has no bytes in the file, so no '" +
-                                  std::string(key) + "'");
+      if (t.has(key)) {
+        t[key].fail("a weightless tensor has no bytes in the file, so no '" + std::string(key) +
+                    "'");
       }
     }
     uint64_t span = 0;
     if (!byte_span(sizes, strides, c10::elementSize(type), span)) {
-      fail(e, root, "sizes " + list_str(sizes) + " with strides " + list_str(strides) +
-                        " span more bytes than 64 bits can count");
+      t.fail("sizes " + list_str(sizes) + " with strides " + list_str(strides) +
+             " span more bytes than 64 bits can count");
     }
     tensors_.push_back(at::empty_strided(
         sizes, strides, at::TensorOptions().dtype(type).device(c10::kMeta)));
@@ -694,11 +691,11 @@ class Reader {
 
   // A bool that is neither 0 nor 1 is undefined behaviour in the kernels that
   // read it; bool tensors are small, so their bytes are checked.
-  void check_bools(const unsigned char* data, uint64_t length, const Where& e) const {
+  void check_bools(const unsigned char* data, uint64_t length, const Entry& e) const {
     for (uint64_t k = 0; k < length; ++k) {
       if (data[k] > 1) {
-        fail_at(h_.data_offset + (data + k - (bytes_->data() + h_.data_offset)),
-                e.label + ": bool byte " + std::to_string(data[k]) + " is neither 0 nor 1");
+        fail_at(file_, h_.data_offset + (data + k - (bytes_->data() + h_.data_offset)),
+                e.label() + ": bool byte " + std::to_string(data[k]) + " is neither 0 nor 1");
       }
     }
   }
@@ -710,18 +707,18 @@ class Reader {
   void read_module_stacks() {
     auto it = doc_.find("module_stacks");
     if (it == doc_.end()) return;
-    array(*it, top_where("module_stacks"), Path{});
-    for (size_t i = 0; i < it->size(); ++i) {
-      Where e{element_offset("module_stacks", i), "module_stacks[" + std::to_string(i) + "]"};
-      const Json& list = array((*it)[i], e, Path{});
+    Entry table_at = top_entry("module_stacks");
+    Field table(*it, table_at);
+    table.array();
+    for (size_t i = 0; i < table.size(); ++i) {
+      Entry e = table_entry("module_stacks", i);
+      Field list(table.json()[i], e);
+      list.array();
       std::vector<ModuleFrame> frames;
-      Path root;
       for (size_t k = 0; k < list.size(); ++k) {
-        Path p = root.at(static_cast<int64_t>(k));
-        const Json& f = object(list[k], e, p);
-        check_keys(f, format::keys::kModuleFrame, e, p);
-        frames.push_back(ModuleFrame{string(member(f, "path", e, p), e, p.at("path")),
-                                     string(member(f, "type", e, p), e, p.at("type"))});
+        Field f = list[k];
+        f.object().check_keys(format::keys::kModuleFrame);
+        frames.push_back(ModuleFrame{f["path"].string(), f["type"].string()});
       }
       module_stacks_.emplace_back(std::move(frames));
     }
@@ -736,32 +733,32 @@ class Reader {
   };
 
   void read_attributes() {
-    const Json& table = top_member("attributes");
-    array(table, top_where("attributes"), Path{});
+    Entry table_at = top_entry("attributes");
+    Field table(top_member("attributes"), table_at);
+    table.array();
     std::set<std::string> names;
     for (size_t i = 0; i < table.size(); ++i) {
-      Where e{element_offset("attributes", i), "attributes[" + std::to_string(i) + "]"};
-      const Json& a = object(table[i], e, Path{});
-      check_keys(a, format::keys::kAttribute, e, Path{});
-      Path root;
-      const std::string& name = string(member(a, "name", e, root), e, root.at("name"));
-      e.label = "attribute '" + name + "' (" + e.label + ")";
+      Entry e = table_entry("attributes", i);
+      Field a(table.json()[i], e);
+      a.object().check_keys(format::keys::kAttribute);
+      Field name_field = a["name"];
+      const std::string& name = name_field.string();
+      e.noun = "attribute";
+      e.name = &name;
       // A dotted path of non-empty parts, as get_attr targets are.
       if (name.empty() || name.front() == '.' || name.back() == '.' ||
           name.find("..") != std::string::npos) {
-        fail(e, root.at("name"), "the name is not a dotted path of non-empty parts");
+        name_field.fail("the name is not a dotted path of non-empty parts");
       }
-      if (!names.insert(name).second) fail(e, root.at("name"), "a second attribute has this name");
-      AttributeKind k = named(format::kAttributeKinds, "attribute kind", member(a, "kind", e, root),
-                              e, root.at("kind"));
-      const Json& t = member(a, "tensor", e, root);
+      if (!names.insert(name).second) name_field.fail("a second attribute has this name");
+      AttributeKind k = a["kind"].token(format::kAttributeKinds, "attribute kind");
+      Field t = a["tensor"];
       int64_t index = -1;
-      if (!t.is_null()) {
-        index = integer(t, e, root.at("tensor"));
+      if (!t.json().is_null()) {
+        index = t.integer();
         if (index < 0 || static_cast<uint64_t>(index) >= tensors_.size()) {
-          fail(e, root.at("tensor"), "tensor index " + std::to_string(index) +
-                                         " is not in the tensor table of " +
-                                         std::to_string(tensors_.size()));
+          t.fail("tensor index " + std::to_string(index) + " is not in the tensor table of " +
+                 std::to_string(tensors_.size()));
         }
       }
       attributes_.push_back(PendingAttribute{name, k, index});
@@ -771,7 +768,8 @@ class Reader {
   // --- Nodes -----------------------------------------------------------------
 
   // Lists nest as deep as the JSON does, which the scan has bounded.
-  Argument argument(const Json& v, const Graph& g, const Where& w, const Path& p) const {
+  Argument argument(const Field& f, const Graph& g) const {
+    const Json& v = f.json();
     switch (v.type()) {
       case Json::value_t::null:
         return Argument();
@@ -779,343 +777,349 @@ class Reader {
         return Argument(v.get<bool>());
       case Json::value_t::number_integer:
       case Json::value_t::number_unsigned:
-        return Argument(integer(v, w, p));
+        return Argument(f.integer());
       case Json::value_t::number_float:
-        return Argument(float_value(v, w, p));
+        return Argument(f.float_value());
       case Json::value_t::string:
         return Argument(v.get<std::string>());
       case Json::value_t::array: {
         ArgumentList list;
-        for (size_t i = 0; i < v.size(); ++i) {
-          list.push_back(argument(v[i], g, w, p.at(static_cast<int64_t>(i))));
-        }
+        list.reserve(v.size());
+        for (size_t i = 0; i < v.size(); ++i) list.push_back(argument(f[i], g));
         return Argument(std::move(list));
       }
       case Json::value_t::object:
         break;
       default:
-        fail(w, p, std::string("an argument cannot be ") + json_type(v));
+        f.fail(std::string("an argument cannot be ") + json_type(v));
     }
-    if (v.size() != 1) fail(w, p, "a typed argument is an object with exactly one key");
+    if (v.size() != 1) f.fail("a typed argument is an object with exactly one key");
     const std::string& kind = v.begin().key();
-    const Json& value = v.begin().value();
-    Path q = p.at(kind.c_str());
     std::optional<format::ArgumentTag> tag = format::token_value(format::kArgumentTags, kind);
-    if (!tag) fail(w, p, "unknown argument kind '" + kind + "'");
+    if (!tag) f.fail("unknown argument kind '" + kind + "'");
+    Field value = f[kind.c_str()];
     switch (*tag) {
       case format::ArgumentTag::Node: {
-        const std::string& name = string(value, w, q);
+        const std::string& name = value.string();
         Node* n = g.find(name);
-        if (n == nullptr) fail(w, q, "%" + name + " is not a node defined before this one");
+        if (n == nullptr) value.fail("%" + name + " is not a node defined before this one");
         return Argument(n);
       }
       case format::ArgumentTag::Float:
-        return Argument(float_value(value, w, q));
+        return Argument(value.float_value());
       case format::ArgumentTag::Dtype:
-        return Argument(dtype(value, w, q));
+        return Argument(value.dtype());
       case format::ArgumentTag::Device:
-        return Argument(device(value, w, q));
+        return Argument(value.device());
       case format::ArgumentTag::Layout:
-        return Argument(named(format::kLayouts, "layout", value, w, q));
+        return Argument(value.token(format::kLayouts, "layout"));
       case format::ArgumentTag::MemoryFormat:
-        return Argument(named(format::kMemoryFormats, "memory format", value, w, q));
+        return Argument(value.token(format::kMemoryFormats, "memory format"));
     }
-    fail(w, p, "unknown argument kind '" + kind + "'");
+    f.fail("unknown argument kind '" + kind + "'");
   }
 
-  // The value a string names in `table`.
-  template <typename T, size_t N>
-  T named(const format::Token<T> (&table)[N], const char* what, const Json& v, const Where& w,
-          const Path& p) const {
-    const std::string& s = string(v, w, p);
-    std::optional<T> value = format::token_value(table, s);
-    if (!value) fail(w, p, std::string("unknown ") + what + " '" + s + "'");
-    return *value;
-  }
-
-  TensorMeta tensor_meta(const Json& v, const Where& w, const Path& p) const {
-    object(v, w, p);
-    check_keys(v, format::keys::kTensorMeta, w, p);
+  TensorMeta tensor_meta(const Field& f) const {
+    f.object().check_keys(format::keys::kTensorMeta);
     TensorMeta m;
-    m.dtype = dtype(member(v, "dtype", w, p), w, p.at("dtype"));
-    m.sizes = dims(member(v, "sizes", w, p), w, p.at("sizes"), true);
-    m.strides = dims(member(v, "strides", w, p), w, p.at("strides"), false);
+    m.dtype = f["dtype"].dtype();
+    m.sizes = f["sizes"].dims(true);
+    Field strides = f["strides"];
+    m.strides = strides.dims(false);
     if (m.strides.size() != m.sizes.size()) {
-      fail(w, p.at("strides"), std::to_string(m.strides.size()) + " strides for " +
-                                   std::to_string(m.sizes.size()) + " dimensions");
+      strides.fail(std::to_string(m.strides.size()) + " strides for " +
+                   std::to_string(m.sizes.size()) + " dimensions");
     }
-    m.device = device(member(v, "device", w, p), w, p.at("device"));
+    m.device = f["device"].device();
     return m;
   }
 
-  NodeMeta node_meta(const Json& v, const Where& w, const Path& p) const {
-    object(v, w, p);
-    check_keys(v, format::keys::kMeta, w, p);
+  ValueMeta value_meta(const Field& f) const {
+    f.object().check_keys(format::keys::kValue);
+    Field kind_field = f["kind"];
+    ValueMeta val;
+    val.kind = kind_field.token(format::kValueKinds, "value kind");
+    const int want = format::value_kind_tensors(val.kind);  // -1: any number
+    Field tensors = f["tensors"];
+    tensors.array();
+    if (want >= 0 && tensors.size() != static_cast<size_t>(want)) {
+      tensors.fail("a value of kind '" + kind_field.string() + "' has " + std::to_string(want) +
+                   " tensor(s), not " + std::to_string(tensors.size()));
+    }
+    val.tensors.reserve(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) val.tensors.push_back(tensor_meta(tensors[i]));
+    return val;
+  }
+
+  StackTrace stack_trace(const Field& frames) const {
+    frames.array();
+    std::vector<SourceFrame> out;
+    out.reserve(frames.size());
+    for (size_t i = 0; i < frames.size(); ++i) {
+      Field f = frames[i];
+      f.object().check_keys(format::keys::kFrame);
+      SourceFrame frame;
+      frame.file = f["file"].string();
+      Field line = f["line"];
+      int64_t number = line.non_negative();
+      if (number > std::numeric_limits<int>::max()) line.fail("line number too large");
+      frame.line = static_cast<int>(number);
+      frame.function = f["function"].string();
+      if (auto code = f.find("code")) frame.code = code->string();
+      out.push_back(std::move(frame));
+    }
+    return StackTrace::from_frames(std::move(out));
+  }
+
+  NodeMeta node_meta(const Field& f) const {
+    f.object().check_keys(format::keys::kMeta);
     NodeMeta meta;
-    if (auto it = v.find("val"); it != v.end()) {
-      Path q = p.at("val");
-      object(*it, w, q);
-      check_keys(*it, format::keys::kValue, w, q);
-      const std::string& kind = string(member(*it, "kind", w, q), w, q.at("kind"));
-      meta.val.kind = named(format::kValueKinds, "value kind", member(*it, "kind", w, q), w,
-                            q.at("kind"));
-      const int want = format::value_kind_tensors(meta.val.kind);  // -1: any number
-      Path tq = q.at("tensors");
-      const Json& tensors = array(member(*it, "tensors", w, q), w, tq);
-      if (want >= 0 && tensors.size() != static_cast<size_t>(want)) {
-        fail(w, tq, "a value of kind '" + kind + "' has " + std::to_string(want) +
-                        " tensor(s), not " + std::to_string(tensors.size()));
-      }
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        meta.val.tensors.push_back(tensor_meta(tensors[i], w, tq.at(static_cast<int64_t>(i))));
-      }
-    }
-    if (auto it = v.find("stack_trace"); it != v.end()) {
-      Path q = p.at("stack_trace");
-      const Json& frames = array(*it, w, q);
-      std::vector<SourceFrame> out;
-      for (size_t i = 0; i < frames.size(); ++i) {
-        Path f = q.at(static_cast<int64_t>(i));
-        object(frames[i], w, f);
-        check_keys(frames[i], format::keys::kFrame, w, f);
-        SourceFrame frame;
-        frame.file = string(member(frames[i], "file", w, f), w, f.at("file"));
-        int64_t line = non_negative(member(frames[i], "line", w, f), w, f.at("line"));
-        if (line > std::numeric_limits<int>::max()) fail(w, f.at("line"), "line number too large");
-        frame.line = static_cast<int>(line);
-        frame.function = string(member(frames[i], "function", w, f), w, f.at("function"));
-        if (auto code = frames[i].find("code"); code != frames[i].end()) {
-          frame.code = string(*code, w, f.at("code"));
-        }
-        out.push_back(std::move(frame));
-      }
-      meta.stack_trace = StackTrace::from_frames(std::move(out));
-    }
-    if (auto it = v.find("module_stack"); it != v.end()) {
-      int64_t index = integer(*it, w, p.at("module_stack"));
+    if (auto val = f.find("val")) meta.val = value_meta(*val);
+    if (auto frames = f.find("stack_trace")) meta.stack_trace = stack_trace(*frames);
+    if (auto stack = f.find("module_stack")) {
+      int64_t index = stack->integer();
       if (index < 0 || static_cast<uint64_t>(index) >= module_stacks_.size()) {
-        fail(w, p.at("module_stack"), "module stack " + std::to_string(index) +
-                                          " is not in the module stack table of " +
-                                          std::to_string(module_stacks_.size()));
+        stack->fail("module stack " + std::to_string(index) +
+                    " is not in the module stack table of " +
+                    std::to_string(module_stacks_.size()));
       }
       meta.module_stack = module_stacks_[static_cast<size_t>(index)];
     }
     return meta;
   }
 
+  // The operator a call_function target names, looked up once per distinct
+  // target; nullopt if none is registered (Graph::call_function then says so).
+  std::optional<c10::OperatorHandle> find_operator(const std::string& target) {
+    auto it = operators_.find(target);
+    if (it != operators_.end()) return it->second;
+    c10::optional<c10::OperatorHandle> handle;
+    try {
+      handle = c10::Dispatcher::singleton().findSchema(detail::parse_operator_name(target));
+    } catch (const Error&) {
+      return std::nullopt;  // not a qualified name: Graph::call_function says so
+    }
+    if (!handle) return std::nullopt;
+    operators_.emplace(target, *handle);
+    return *handle;
+  }
+
+  // One node: reads its fields, makes it with the graph's own API (which
+  // checks names and resolves the operator) and checks its arguments against
+  // the schema, as lint would at the end, so the message points at it.
+  void read_node(const Field& node, Entry& e, Graph& g) {
+    node.object().check_keys(format::keys::kNode);
+    const std::string& name = node["name"].string();
+    e.noun = "node";
+    e.name = &name;
+    const std::string& op = node["op"].string();
+    const std::string& target = node["target"].string();
+
+    ArgumentList args;
+    if (auto list = node.find("args")) {
+      list->array();
+      args.reserve(list->size());
+      for (size_t k = 0; k < list->size(); ++k) args.push_back(argument((*list)[k], g));
+    }
+    Kwargs kwargs;
+    if (auto list = node.find("kwargs")) {
+      list->array();
+      for (size_t k = 0; k < list->size(); ++k) {
+        Field pair = (*list)[k];
+        const Json& p = pair.json();
+        if (!p.is_array() || p.size() != 2 || !p[0].is_string()) {
+          pair.fail("a keyword argument is a [name, value] pair");
+        }
+        kwargs.emplace_back(p[0].get<std::string>(), argument(pair[size_t{1}], g));
+      }
+    }
+
+    if (g.output_node() != nullptr) node.fail("the node comes after the output node");
+    auto no_arguments = [&](const char* what) {
+      if (!args.empty() || !kwargs.empty()) node.fail(std::string(what) + " takes no arguments");
+    };
+    Node* n = nullptr;
+    const std::optional<OpCode> opcode = format::token_value(format::kOpcodes, op);
+    try {
+      if (!opcode) node["op"].fail("unknown opcode '" + op + "'");
+      switch (*opcode) {
+        case OpCode::Placeholder:
+          no_arguments("a placeholder");
+          if (target.empty()) node["target"].fail("the placeholder's target is empty");
+          n = g.placeholder(target, name);
+          break;
+        case OpCode::GetAttr:
+          no_arguments("get_attr");
+          n = g.get_attr(target, name);
+          break;
+        case OpCode::CallFunction:
+          if (target != format::kGetItemTarget) {
+            if (auto handle = find_operator(target)) {
+              n = g.call_function(*handle, std::move(args), std::move(kwargs), name);
+            } else {
+              n = g.call_function(target, std::move(args), std::move(kwargs), name);
+            }
+            break;
+          }
+          if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
+            node["args"].fail("getitem takes (node, index)");
+          }
+          n = g.getitem(args[0].to_node(), args[1].to_int(), name);
+          break;
+        case OpCode::Output:
+          if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
+            node["args"].fail("the output takes one argument, the list of results");
+          }
+          if (target != format::kOutputTarget) {
+            node["target"].fail("the output's target is 'output'");
+          }
+          n = g.output(args[0].to_list());
+          break;
+      }
+    } catch (const FormatError&) {
+      throw;
+    } catch (const Error& ex) {
+      // call_function: no such operator; get_attr: empty path.
+      std::string what = ex.what();
+      if (opcode == OpCode::CallFunction && is_custom_operator(target) && n == nullptr) {
+        // Note [Custom operators]: registered only once their library is loaded.
+        what += "; load the library that defines it first (dlopen it or link it into the "
+                "program, as torch.ops.load_library does in Python)";
+      }
+      node.fail(what);
+    }
+    if (n->name() != name) node["name"].fail("duplicate or invalid node name '" + name + "'");
+    if (auto meta = node.find("meta")) n->meta() = node_meta(*meta);
+    std::string problem;
+    if (n->is_operator()) {
+      problem = detail::check_schema_arguments(*n, n->schema());
+    } else if (n->is_getitem()) {
+      problem = detail::check_getitem(*n);
+    }
+    if (!problem.empty()) node.fail(problem);
+  }
+
   void read_nodes(Graph& g) {
-    const Json& nodes = top_member("nodes");
-    array(nodes, top_where("nodes"), Path{});
+    Entry table_at = top_entry("nodes");
+    Field nodes(top_member("nodes"), table_at);
+    nodes.array();
     const size_t count = nodes_apart_ ? scan_.elements.at("nodes").size() : nodes.size();
     for (size_t i = 0; i < count; ++i) {
-      Where w{element_offset("nodes", i), "nodes[" + std::to_string(i) + "]"};
-      Json apart;
-      if (nodes_apart_) apart = node_json(i);
-      const Json& j = object(nodes_apart_ ? apart : nodes[i], w, Path{});
-      check_keys(j, format::keys::kNode, w, Path{});
-      Path root;
-      const std::string& name = string(member(j, "name", w, root), w, root.at("name"));
-      w.label = "node %" + name + " (" + w.label + ")";
-      const std::string& op = string(member(j, "op", w, root), w, root.at("op"));
-      const std::string& target = string(member(j, "target", w, root), w, root.at("target"));
-
-      ArgumentList args;
-      if (auto it = j.find("args"); it != j.end()) {
-        Path p = root.at("args");
-        array(*it, w, p);
-        for (size_t k = 0; k < it->size(); ++k) {
-          args.push_back(argument((*it)[k], g, w, p.at(static_cast<int64_t>(k))));
-        }
+      Entry e = table_entry("nodes", i);
+      if (nodes_apart_) {
+        Json apart = node_json(i);
+        read_node(Field(apart, e), e, g);
+      } else {
+        read_node(Field(nodes.json()[i], e), e, g);
       }
-      Kwargs kwargs;
-      if (auto it = j.find("kwargs"); it != j.end()) {
-        Path p = root.at("kwargs");
-        array(*it, w, p);
-        for (size_t k = 0; k < it->size(); ++k) {
-          Path q = p.at(static_cast<int64_t>(k));
-          const Json& pair = (*it)[k];
-          if (!pair.is_array() || pair.size() != 2 || !pair[0].is_string()) {
-            fail(w, q, "a keyword argument is a [name, value] pair");
-          }
-          kwargs.emplace_back(pair[0].get<std::string>(), argument(pair[1], g, w, q.at(1)));
-        }
-      }
-
-      if (g.output_node() != nullptr) fail(w, root, "the node comes after the output node");
-      auto no_arguments = [&](const char* what) {
-        if (!args.empty() || !kwargs.empty()) fail(w, root, std::string(what) + " takes no arguments");
-      };
-      Node* n = nullptr;
-      const std::optional<OpCode> opcode = format::token_value(format::kOpcodes, op);
-      try {
-        if (!opcode) fail(w, root.at("op"), "unknown opcode '" + op + "'");
-        switch (*opcode) {
-          case OpCode::Placeholder:
-            no_arguments("a placeholder");
-            if (target.empty()) fail(w, root.at("target"), "the placeholder's target is empty");
-            n = g.placeholder(target, name);
-            break;
-          case OpCode::GetAttr:
-            no_arguments("get_attr");
-            n = g.get_attr(target, name);
-            break;
-          case OpCode::CallFunction:
-            if (target != format::kGetItemTarget) {
-              n = g.call_function(target, std::move(args), std::move(kwargs), name);
-              break;
-            }
-            if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
-              fail(w, root.at("args"), "getitem takes (node, index)");
-            }
-            n = g.getitem(args[0].to_node(), args[1].to_int(), name);
-            break;
-          case OpCode::Output:
-            if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
-              fail(w, root.at("args"), "the output takes one argument, the list of results");
-            }
-            if (target != format::kOutputTarget) {
-              fail(w, root.at("target"), "the output's target is 'output'");
-            }
-            n = g.output(args[0].to_list());
-            break;
-        }
-      } catch (const FormatError&) {
-        throw;
-      } catch (const Error& e) {
-        // call_function: no such operator; get_attr: empty path.
-        std::string what = e.what();
-        if (opcode == OpCode::CallFunction && is_custom_operator(target) && n == nullptr) {
-          // Note [Custom operators]: registered only once their library is loaded.
-          what += "; load the library that defines it first (dlopen it or link it into the "
-                  "program, as torch.ops.load_library does in Python)";
-        }
-        fail(w, root, what);
-      }
-      if (n->name() != name) {
-        fail(w, root.at("name"), "duplicate or invalid node name '" + name + "'");
-      }
-      if (auto it = j.find("meta"); it != j.end()) n->meta() = node_meta(*it, w, root.at("meta"));
-      // The schema check lint would make at the end, made now so the message
-      // points at this node.
-      std::string problem;
-      if (n->is_operator()) {
-        problem = detail::check_schema_arguments(*n, n->schema());
-      } else if (n->is_getitem()) {
-        problem = detail::check_getitem(*n);
-      }
-      if (!problem.empty()) fail(w, root, problem);
     }
-    if (g.output_node() == nullptr) fail(top_where("nodes"), Path{}, "the graph has no output node");
+    if (g.output_node() == nullptr) table_at.fail("", "the graph has no output node");
   }
 
   // --- Signature -------------------------------------------------------------
 
   // What each output value is for. Whether targets exist and outputs are in
   // order is GraphModule::lint's to check, at the end.
-  std::vector<OutputSpec> read_signature(const Json& v, const Where& w) const {
-    object(v, w, Path{});
-    check_keys(v, format::keys::kSignature, w, Path{});
+  std::vector<OutputSpec> read_signature(const Field& sig) const {
+    sig.object().check_keys(format::keys::kSignature);
     std::vector<OutputSpec> out;
-    auto it = v.find("outputs");
-    if (it == v.end()) return out;
-    Path root;
-    Path op = root.at("outputs");
-    array(*it, w, op);
-    for (size_t i = 0; i < it->size(); ++i) {
-      Path p = op.at(static_cast<int64_t>(i));
-      const Json& o = object((*it)[i], w, p);
-      check_keys(o, format::keys::kOutput, w, p);
-      OutputKind k = named(format::kOutputKinds, "output kind", member(o, "kind", w, p), w,
-                           p.at("kind"));
-      out.push_back(OutputSpec{k, string(member(o, "target", w, p), w, p.at("target"))});
+    auto outputs = sig.find("outputs");
+    if (!outputs) return out;
+    outputs->array();
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      Field o = (*outputs)[i];
+      o.object().check_keys(format::keys::kOutput);
+      OutputKind k = o["kind"].token(format::kOutputKinds, "output kind");
+      out.push_back(OutputSpec{k, o["target"].string()});
     }
     return out;
   }
 
   // --- Specs -----------------------------------------------------------------
 
-  c10::IValue constant(const Json& v, const Where& w, const Path& p) const {
+  c10::IValue constant(const Field& f) const {
+    const Json& v = f.json();
     if (v.is_boolean()) return c10::IValue(v.get<bool>());
-    if (v.is_number_integer()) return c10::IValue(integer(v, w, p));
+    if (v.is_number_integer()) return c10::IValue(f.integer());
     if (v.is_string()) return c10::IValue(v.get<std::string>());
-    if (v.is_number_float() || v.is_object()) {
-      const Json& f = v.is_object() ? member(v, "float", w, p) : v;
-      if (v.is_object() && v.size() != 1) fail(w, p, "a float constant is {\"float\": ...}");
-      return c10::IValue(float_value(f, w, p));
+    if (v.is_number_float()) return c10::IValue(f.float_value());
+    if (v.is_object()) {
+      auto it = v.find("float");
+      if (it == v.end()) f.fail("missing 'float'");
+      if (v.size() != 1) f.fail("a float constant is {\"float\": ...}");
+      return c10::IValue(f.float_value_of(*it));
     }
-    fail(w, p, std::string("a constant is an int, float, bool or string, not ") + json_type(v));
+    f.fail(std::string("a constant is an int, float, bool or string, not ") + json_type(v));
   }
 
   // As deep as the JSON, which the scan has bounded.
-  TreeSpec read_spec(const Json& v, const Where& w, const Path& p) const {
-    object(v, w, p);
+  TreeSpec read_spec(const Field& f) const {
+    f.object();
     using K = TreeSpec::Kind;
-    const K kind = named(format::kSpecKinds, "spec kind", member(v, "kind", w, p), w, p.at("kind"));
+    const K kind = f["kind"].token(format::kSpecKinds, "spec kind");
     switch (kind) {
       case K::Leaf:
       case K::None:
-        check_keys(v, format::spec_keys(kind), w, p);
+        f.check_keys(format::spec_keys(kind));
         return kind == K::Leaf ? TreeSpec::leaf() : TreeSpec::none();
       case K::Constant:
-        check_keys(v, format::spec_keys(kind), w, p);
-        return TreeSpec::constant(constant(member(v, "value", w, p), w, p.at("value")));
+        f.check_keys(format::spec_keys(kind));
+        return TreeSpec::constant(constant(f["value"]));
       case K::Tuple:
       case K::List:
       case K::Dict:
         break;
     }
-    Path cp = p.at("children");
-    const Json& children = array(member(v, "children", w, p), w, cp);
+    Field children = f["children"];
+    children.array();
     std::vector<TreeSpec> specs;
-    for (size_t i = 0; i < children.size(); ++i) {
-      specs.push_back(read_spec(children[i], w, cp.at(static_cast<int64_t>(i))));
-    }
-    check_keys(v, format::spec_keys(kind), w, p);
+    for (size_t i = 0; i < children.size(); ++i) specs.push_back(read_spec(children[i]));
+    f.check_keys(format::spec_keys(kind));
     if (kind != K::Dict) {
       return kind == K::Tuple ? TreeSpec::tuple(std::move(specs)) : TreeSpec::list(std::move(specs));
     }
-    Path kp = p.at("keys");
-    const Json& keys = array(member(v, "keys", w, p), w, kp);
+    Field keys = f["keys"];
+    keys.array();
     if (keys.size() != specs.size()) {
-      fail(w, kp, std::to_string(keys.size()) + " keys for " + std::to_string(specs.size()) +
-                      " children");
+      keys.fail(std::to_string(keys.size()) + " keys for " + std::to_string(specs.size()) +
+                " children");
     }
     // One key type per dict, as LibTorch's dicts have; no key twice.
+    const Json& k = keys.json();
     std::vector<c10::IValue> ivalues;
     std::set<std::string> strings;
     std::set<int64_t> ints;
     for (size_t i = 0; i < keys.size(); ++i) {
-      Path q = kp.at(static_cast<int64_t>(i));
+      Field key = keys[i];
       bool fresh;
-      if (keys[i].is_string() && (i == 0 || keys[0].is_string())) {
-        fresh = strings.insert(keys[i].get<std::string>()).second;
-        ivalues.emplace_back(keys[i].get<std::string>());
-      } else if (keys[i].is_number_integer() && (i == 0 || keys[0].is_number_integer())) {
-        int64_t k = integer(keys[i], w, q);
-        fresh = ints.insert(k).second;
-        ivalues.emplace_back(k);
+      if (k[i].is_string() && (i == 0 || k[0].is_string())) {
+        fresh = strings.insert(k[i].get<std::string>()).second;
+        ivalues.emplace_back(k[i].get<std::string>());
+      } else if (k[i].is_number_integer() && (i == 0 || k[0].is_number_integer())) {
+        int64_t value = key.integer();
+        fresh = ints.insert(value).second;
+        ivalues.emplace_back(value);
       } else {
-        fail(w, q, "dict keys are all strings or all integers");
+        key.fail("dict keys are all strings or all integers");
       }
-      if (!fresh) fail(w, q, "the key appears twice");
+      if (!fresh) key.fail("the key appears twice");
     }
     return TreeSpec::dict(std::move(ivalues), std::move(specs));
   }
 
-  std::string source_;
+  FileInfo file_;
   std::shared_ptr<Bytes> bytes_;
   format::Header h_;
   LoadOptions options_;
-  bool strict_ = true;
   bool checksums_ = false;         // the file's version carries checksums
   bool verify_checksums_ = false;  // ... and the caller wants them checked
   format::JsonScan scan_;
   Json doc_;
-  Where top_;
   std::vector<at::Tensor> tensors_;
   std::vector<std::string> tensor_names_;
   std::vector<PendingAttribute> attributes_;
   std::vector<ModuleStack> module_stacks_;
+  std::unordered_map<std::string, c10::OperatorHandle> operators_;
   bool nodes_apart_ = false;  // Note [Reading the nodes one at a time]
 };
 
