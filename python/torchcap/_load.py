@@ -14,6 +14,7 @@ and each tensor is a view of the mapping, which stays open as long as a tensor
 uses it. Writing to a tensor changes this process's copy of the page only.
 """
 
+import gc
 import json
 import keyword
 import math
@@ -29,6 +30,7 @@ import torch
 import torch.fx
 import torch.utils._pytree as _pytree
 from torch.fx.graph import CodeGen
+from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 
 from torchcap._errors import WeightError
 from torchcap._format_tables import TABLES as _TABLES
@@ -286,7 +288,6 @@ class _Reader:
         self.minor = FORMAT_MINOR_VERSION
         self.module_stacks = []
         self._scan = None
-        self._big_integer = False
 
     # --- Errors ---------------------------------------------------------------
 
@@ -387,27 +388,25 @@ class _Reader:
             self.fail(self.json_offset + e.start, "the JSON section is not valid UTF-8")
         try:
             doc = json.loads(text, parse_constant=self._reject_constant,
-                             parse_float=self._parse_float, parse_int=self._parse_int)
+                             parse_float=self._parse_float)
         except json.JSONDecodeError as e:
             at = self.json_offset + len(text[: e.pos].encode("utf-8"))
             self.fail(at, f"the JSON section is not valid JSON: {e.msg}")
         except RecursionError:
             self.fail(self.json_offset, "the JSON nests too deeply")
-        if self._big_integer:
+        # An integer beyond int64 has at least 19 digits: only then is each
+        # literal looked at (a hook on every integer costs a Python call each).
+        if _LONG_DIGITS.search(raw):
             # Where: the scan finds the first such literal, as the C++ reader's does.
             at, literal = _first_big_integer(raw)
-            self.fail(self.json_offset + at, f"integer {literal} does not fit in 64 signed bits")
+            if literal is not None:
+                self.fail(self.json_offset + at,
+                          f"integer {literal} does not fit in 64 signed bits")
         if not isinstance(doc, dict):
             self.fail(self.json_offset, "the JSON section must hold an object, not "
                                         f"{_json_type(doc)}")
         self.doc = doc
         self.check_keys(doc, "document", self.json_offset, "")
-
-    def _parse_int(self, text):
-        value = int(text)
-        if not -(1 << 63) <= value <= _INT64_MAX:
-            self._big_integer = True
-        return value
 
     def _parse_float(self, text):
         # A number too large for a double: Python would read inf, C++ refuses.
@@ -810,7 +809,20 @@ class _Reader:
         nodes = self.expect(self.top("nodes"), "array", self.json_offset, "'nodes': ")
         graph = torch.fx.Graph()
         env, output, seen_other = {}, None, False
+        fast = _FastNodes(self, graph, env)
         for i, entry in enumerate(nodes):
+            # Note [Checked twice only when wrong]: most nodes are calls of
+            # the plainest shape, which _FastNodes checks and makes without
+            # building a message; anything else, and anything wrong, is read
+            # again below, where every check names what it finds wrong.
+            if output is None and (node := fast.call(entry)) is not None:
+                seen_other = True
+                if "meta" in entry and not fast.meta(node, entry["meta"]):
+                    name = entry["name"]
+                    self.meta(node, entry["meta"],
+                              _Lazy(lambda i=i: self.element_offset("nodes", i)),
+                              f"node %{name} (nodes[{i}]): meta: ")
+                continue
             t = _Lazy(lambda i=i: self.element_offset("nodes", i))
             label = f"nodes[{i}]: "
             self.expect(entry, "object", t, label)
@@ -1038,11 +1050,221 @@ class _Reader:
         self.graph.set_codegen(TorchcapCodeGen(
             in_spec, out_spec, mutations,
             {name: node.name for name, node in self.env.items() if node.op == "placeholder"}))
-        gm.graph = self.graph
+        _set_graph_generating_code_later(gm, self.graph)
         gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
         if any(t is not None and t.is_meta for _, _, t in attributes):
             gm.register_forward_pre_hook(_refuse_unbound_weights)
         return gm
+
+
+def _set_graph_generating_code_later(gm, graph):
+    """gm.graph = graph, with forward() generated and compiled when first needed.
+
+    Note [Code generated on first use]: torch.fx generates a module's Python
+    code and compiles it whenever its graph is set, which for a big graph
+    takes longer than reading the file (a 200,000-node chain: about 40% of
+    torchcap.load). Loading defers it, as later torch.fx does
+    (_LazyGraphModule): the first call of the module, or the first look at its
+    code (gm.code, print(gm)), generates it; gm.recompile() after editing the
+    graph works as always. `gm` must be of its own class, as every
+    GraphModule is (torch.fx makes one per instance), since the class's
+    forward and _code are replaced until then.
+    """
+    cls = type(gm)
+    cls.recompile = lambda self: None  # what setting the graph would call
+    try:
+        gm.graph = graph
+    finally:
+        del cls.recompile
+    cls.forward = _forward_after_generating_code
+    cls._code = property(_generated_code, _set_generated_code)
+
+
+def _forward_after_generating_code(self, *args, **kwargs):
+    self.recompile()  # replaces forward
+    return self.forward(*args, **kwargs)
+
+
+def _generated_code(self):
+    if "_torchcap_source" not in self.__dict__:
+        self.recompile()
+    return self.__dict__["_torchcap_source"]
+
+
+def _set_generated_code(self, src):
+    self.__dict__["_torchcap_source"] = src
+
+
+class _FastNodes:
+    """Reads the common node without building any message (Note [Checked twice
+    only when wrong] in _Reader.read_nodes).
+
+    Each method returns a result only if the value has the plainest shape and
+    passes every check _Reader's own method makes, and otherwise None or False,
+    having changed nothing, so that _Reader reads it again and says what is
+    wrong. It must never accept what _Reader would refuse.
+    """
+
+    def __init__(self, reader, graph, env):
+        self.reader, self.graph, self.env = reader, graph, env
+        minor, strict = reader.minor, reader.strict
+        def allowed(table):
+            keys = _KEYS[table]
+            return frozenset(k for k, since in keys.items() if since <= minor or not strict)
+        self.node_keys = allowed("node")
+        self.meta_keys = allowed("meta")
+        self.value_keys = allowed("value")
+        self.tensor_meta_keys = allowed("tensor_meta")
+        self.frame_keys = allowed("frame")
+        self.strict = strict
+        self.operators = {}  # target -> (OpOverload, its argument names)
+        self.devices = set()  # device strings torch.device accepted
+        self.module_stacks = reader.module_stacks
+
+    def keys_ok(self, obj, allowed):
+        return not self.strict or allowed.issuperset(obj)
+
+    def call(self, entry):
+        """A call_function node of an operator, without keyword arguments."""
+        if type(entry) is not dict or not self.keys_ok(entry, self.node_keys):
+            return None
+        name, op, target = entry.get("name"), entry.get("op"), entry.get("target")
+        if (op != "call_function" or type(name) is not str or type(target) is not str
+                or target == "getitem" or name in self.env or name in _RESERVED_NODE_NAMES
+                or not _NODE_NAME.fullmatch(name)):
+            return None
+        raw_args, raw_kwargs = entry.get("args", []), entry.get("kwargs", [])
+        if type(raw_args) is not list or type(raw_kwargs) is not list or raw_kwargs:
+            return None
+        args = self.arguments(raw_args)
+        if args is None:
+            return None
+        fn = self.operators.get(target)
+        if fn is None:
+            try:
+                fn = self.reader.operator(target, 0, "")
+            except ValueError:
+                return None
+            self.operators[target] = fn
+        node = self.graph.create_node("call_function", fn, tuple(args), {}, name=name)
+        self.env[name] = node
+        return node
+
+    def arguments(self, values):
+        """The arguments of a list of plain ones (nodes, ints, floats, strings,
+        bools, None, lists of those), or None."""
+        out = []
+        for v in values:
+            kind = type(v)
+            if kind is dict:
+                if len(v) != 1:
+                    return None
+                n = v.get("node")
+                if type(n) is not str:
+                    return None
+                node = self.env.get(n)
+                if node is None:
+                    return None
+                out.append(node)
+            elif kind is int:
+                if not -(1 << 63) <= v <= _INT64_MAX:
+                    return None
+                out.append(v)
+            elif kind is list:
+                inner = self.arguments(v)
+                if inner is None:
+                    return None
+                out.append(inner)
+            elif kind in (float, str, bool) or v is None:
+                out.append(v)
+            else:
+                return None
+        return out
+
+    def meta(self, node, value):
+        """Sets the node's metadata from `value`; False if it must be read again."""
+        if type(value) is not dict or not self.keys_ok(value, self.meta_keys):
+            return False
+        tensor_meta = stack_trace = module_stack = None
+        if "val" in value:
+            tensor_meta = self.value(value["val"])
+            if tensor_meta is None:
+                return False
+        if "stack_trace" in value:
+            stack_trace = self.stack_trace(value["stack_trace"])
+            if stack_trace is None:
+                return False
+        if "module_stack" in value:
+            index = value["module_stack"]
+            if type(index) is not int or not 0 <= index < len(self.module_stacks):
+                return False
+            module_stack = self.module_stacks[index]
+        if tensor_meta is not None and tensor_meta is not _NO_TENSOR_META:
+            node.meta["tensor_meta"] = tensor_meta
+        if stack_trace is not None:
+            node.stack_trace = stack_trace
+        if module_stack is not None:
+            node.meta["nn_module_stack"] = dict(module_stack)
+        return True
+
+    def value(self, val):
+        """`tensor_meta` for a value of one tensor or none; None to read again."""
+        if type(val) is not dict or not self.keys_ok(val, self.value_keys):
+            return None
+        kind, tensors = val.get("kind"), val.get("tensors")
+        if type(tensors) is not list:
+            return None
+        if kind == "none" and not tensors:
+            return _NO_TENSOR_META
+        if kind != "tensor" or len(tensors) != 1:
+            return None
+        t = tensors[0]
+        if type(t) is not dict or not self.keys_ok(t, self.tensor_meta_keys):
+            return None
+        dtype = _DTYPES.get(t.get("dtype")) if type(t.get("dtype")) is str else None
+        sizes, strides, device = t.get("sizes"), t.get("strides"), t.get("device")
+        if (dtype is None or not _plain_dims(sizes, 0) or not _plain_dims(strides, -(1 << 63))
+                or type(device) is not str):
+            return None
+        if device not in self.devices:
+            try:
+                torch.device(device)
+            except RuntimeError:
+                return None
+            self.devices.add(device)
+        return _tensor_metadata(dtype, sizes, strides)
+
+    def stack_trace(self, frames):
+        if type(frames) is not list:
+            return None
+        lines = []
+        for f in frames:
+            if type(f) is not dict or not self.keys_ok(f, self.frame_keys):
+                return None
+            file, line, function = f.get("file"), f.get("line"), f.get("function")
+            code = f.get("code", "")
+            if (type(file) is not str or type(line) is not int or not 0 <= line <= 2**31 - 1
+                    or type(function) is not str or type(code) is not str):
+                return None
+            text = f'  File "{file}", line {line}, in {function}\n'
+            if code:
+                text += f"    {code}\n"
+            lines.append(text)
+        return "".join(reversed(lines))
+
+
+# A value of kind "none": no tensor_meta.
+_NO_TENSOR_META = object()
+
+
+def _plain_dims(dims, lowest):
+    """Whether `dims` is a list of at most _MAX_DIMS ints in [lowest, int64 max]."""
+    if type(dims) is not list or len(dims) > _MAX_DIMS:
+        return False
+    for d in dims:
+        if type(d) is not int or not lowest <= d <= _INT64_MAX:
+            return False
+    return True
 
 
 class _Lazy:
@@ -1079,9 +1301,7 @@ def _json_type(v):
 
 
 def _tensor_metadata(dtype, sizes, strides):
-    from torch.fx.passes.shape_prop import TensorMetadata
-
-    return TensorMetadata(shape=torch.Size(sizes), dtype=dtype, requires_grad=False,
+    return _TensorMetadata(shape=torch.Size(sizes), dtype=dtype, requires_grad=False,
                           stride=tuple(strides), memory_format=None, is_quantized=False,
                           qparams={})
 
@@ -1312,16 +1532,17 @@ def _scan_json(text):
 
 
 _NUMBER = re.compile(rb'"(?:[^"\\]|\\.)*"|(-?[0-9][0-9.eE+-]*)')
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 def _first_big_integer(text):
-    """(offset, literal) of the first integer literal outside int64's range."""
+    """(offset, literal) of the first integer literal outside int64's range; (0, None) if none."""
     for m in _NUMBER.finditer(text):
         token = m.group(1)
         if token is not None and not any(c in token for c in b".eE"):
             if not -(1 << 63) <= int(token) <= _INT64_MAX:
                 return m.start(1), token.decode()
-    return 0, "?"
+    return 0, None
 
 
 def load(path, verify_checksums=True, weights=None, strict=True):
@@ -1358,7 +1579,15 @@ def load(path, verify_checksums=True, weights=None, strict=True):
             buf = f.read()  # an empty file cannot be mapped
         else:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    # Loading a big graph makes millions of objects that all stay alive, and
+    # each collection the allocations trigger walks all of them: a third of
+    # the time for a 200,000-node graph. None can be garbage before the end.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return _Reader(path, buf, verify_checksums).read(weights, strict)
     except RecursionError:
         raise ValueError(f"{path}: the JSON nests too deeply") from None
+    finally:
+        if collecting:
+            gc.enable()

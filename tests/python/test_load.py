@@ -67,6 +67,41 @@ def test_every_zoo_example_runs_like_the_cpp_program(files):
         assert_same(gm(*inputs), expected, name)
 
 
+def test_every_zoo_example_reads_the_same_without_the_fast_path(files, monkeypatch):
+    # Note [Checked twice only when wrong] in _load.py: the fast reader of
+    # plain nodes makes what the careful one makes, node for node.
+    names = (files / "examples.txt").read_text().split()
+    fast = {name: torchcap.load(files / f"{name}.tcg") for name in names}
+    monkeypatch.setattr(torchcap._load._FastNodes, "call", lambda self, entry: None)
+    for name in names:
+        careful = torchcap.load(files / f"{name}.tcg")
+        assert careful.code == fast[name].code, name
+        for a, b in zip(careful.graph.nodes, fast[name].graph.nodes):
+            assert (a.name, a.op, a.target, str(a.args), str(a.kwargs)) == (
+                b.name, b.op, b.target, str(b.args), str(b.kwargs)), name
+            assert a.meta == b.meta, f"{name}: %{a.name}"
+
+
+def test_code_is_generated_on_first_use(files):
+    # Note [Code generated on first use] in _load.py.
+    gm = torchcap.load(files / "nested_io.tcg")
+    assert "_torchcap_source" not in gm.__dict__
+    inputs = unpickle(files / "nested_io.inputs.pt")
+    assert_same(gm(*inputs), unpickle(files / "nested_io.expected.pt"))
+    assert "_torchcap_source" in gm.__dict__
+    # The code is what torch.fx generates from the graph, also when asked first.
+    looked = torchcap.load(files / "nested_io.tcg")
+    assert looked.code == gm.code == looked.graph.python_code("self").src
+    assert looked.code in str(looked)
+    # Editing the graph and recompiling works as for any GraphModule.
+    edited = torchcap.load(files / "mlp.tcg")
+    for node in edited.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.relu.default:
+            node.target = torch.ops.aten.neg.default
+    edited.recompile()
+    assert "aten.relu" not in edited.code and "aten.neg" in edited.code
+
+
 def test_attributes_are_the_files_tensors(files):
     gm = torchcap.load(files / "attributes.tcg")
     expected = unpickle(files / "attributes.pt")
