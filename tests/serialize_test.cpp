@@ -1541,5 +1541,31 @@ TEST(LoadRejects, WeightlessTensorInAFileOfVersion12) {
                                "(version 1.3 added it)");
 }
 
+// Note [Writing the nodes as text] in writer.cpp: the nodes, written straight
+// as text, are byte for byte what nlohmann::json would dump, also for strings
+// that need escapes or are beyond ASCII, and for floats of every kind.
+TEST(Save, NodesAreTheTextNlohmannJsonWouldDump) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  x->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {2, 3}, {3, 1}, c10::Device(c10::kCPU)});
+  Node* prev = x;
+  for (double d : {0.1, 1e300, -0.0, 2.0, 5e-324, std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity(), std::nan("")}) {
+    prev = g.call_function("aten::add.Scalar", {prev, d});
+    prev->meta().stack_trace = StackTrace::from_frames(
+        {SourceFrame{"dir/\"quoted\"\\file\t\xc3\xa9.py", 7, "f\x01n", "y = x\x7f + \"\xe2\x82\xac\""}});
+  }
+  Node* div = g.call_function("aten::div.Tensor_mode", {prev, x},
+                              {{"rounding_mode", std::string("tr\"u\\n\nc\xc3\xa9")}});
+  g.output({div});
+  gm.set_flat_specs();
+  TcgFile f = TcgFile::parse(save_to_string(gm));
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(f.json);
+  EXPECT_EQ(doc.dump(), f.json);
+  EXPECT_NE(f.json.find(R"({"float":"-inf"})"), std::string::npos);
+  EXPECT_NE(f.json.find(R"("tr\"u\\n\nc)"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace torchcap

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -45,80 +46,190 @@ Json double_json(double d) {
   return Json{{format::tag(format::ArgumentTag::Float), format::nonfinite_double_string(d)}};
 }
 
+// Note [Writing the nodes as text]: the nodes, most of a big graph's
+// document, are written straight into the JSON text, never held as JSON
+// trees (a 200,000-node graph took 4.6 KB a node that way, and most of the
+// time of a save went to making and freeing them). The bytes are those
+// nlohmann::json's dump() gives, which the rest of the document still uses:
+// the same key order, no spaces, and strings and floats that need more than
+// copying written by nlohmann::json itself.
+class JsonText {
+ public:
+  explicit JsonText(std::string& out) : out_(out) {}
+
+  JsonText& raw(const char* text) {
+    out_ += text;
+    return *this;
+  }
+  // `"key":`, for keys that need no escaping.
+  JsonText& key(const char* k) {
+    out_ += '"';
+    out_ += k;
+    out_ += "\":";
+    return *this;
+  }
+  JsonText& integer(int64_t v) {
+    char buf[24];
+    auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    out_.append(buf, end);
+    return *this;
+  }
+  JsonText& boolean(bool b) {
+    out_ += b ? "true" : "false";
+    return *this;
+  }
+  // `s`, which must be valid UTF-8.
+  JsonText& string(const std::string& s) {
+    for (char c : s) {
+      if (c < 0x20 || c > 0x7e || c == '"' || c == '\\') {
+        out_ += Json(s).dump();  // escapes, and bytes beyond ASCII
+        return *this;
+      }
+    }
+    out_ += '"';
+    out_ += s;
+    out_ += '"';
+    return *this;
+  }
+  // A finite double as a JSON number, anything else as {"float": "inf"}.
+  JsonText& real(double d) {
+    out_ += double_json(d).dump();
+    return *this;
+  }
+  JsonText& integers(c10::IntArrayRef v) {
+    out_ += '[';
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i > 0) out_ += ',';
+      integer(v[i]);
+    }
+    out_ += ']';
+    return *this;
+  }
+  // {"tag":"name"}: an argument JSON has no type for.
+  JsonText& tagged(format::ArgumentTag t, const std::string& name) {
+    out_ += "{\"";
+    out_ += format::tag(t);
+    out_ += "\":";
+    return string(name).raw("}");
+  }
+
+ private:
+  std::string& out_;
+};
+
+// What a message about node `n` calls it; made only when one is needed.
+std::string node_where(const Node* n) { return "node %" + n->name(); }
+
+const std::string& checked_utf8(const std::string& s, const Node* n) {
+  if (!format::is_valid_utf8(s)) fail(node_where(n) + ": the string is not valid UTF-8");
+  return s;
+}
+
 // Arguments nest only as deep as their lists; the depth limit on the whole
-// document (checked after dumping) bounds this recursion for the reader.
-Json argument_json(const Argument& a, const std::string& where) {
+// document (checked after writing) bounds this recursion for the reader.
+void write_argument(JsonText& out, const Argument& a, const Node* n) {
+  using format::ArgumentTag;
   switch (a.storage().index()) {
     case 0:
-      return nullptr;
+      out.raw("null");
+      return;
     case 1:
-      return Json{{format::tag(format::ArgumentTag::Node), a.to_node()->name()}};
+      out.tagged(ArgumentTag::Node, a.to_node()->name());
+      return;
     case 2:
-      return a.to_int();
+      out.integer(a.to_int());
+      return;
     case 3:
-      return double_json(a.to_double());
+      out.real(a.to_double());
+      return;
     case 4:
-      return a.to_bool();
+      out.boolean(a.to_bool());
+      return;
     case 5:
-      return checked_utf8(a.to_string(), where);
+      out.string(checked_utf8(a.to_string(), n));
+      return;
     case 6:
-      return Json{{format::tag(format::ArgumentTag::Dtype), checked_dtype(a.to_scalar_type(), where)}};
+      out.tagged(ArgumentTag::Dtype, checked_dtype(a.to_scalar_type(), node_where(n)));
+      return;
     case 7: {
       const char* name = format::token_name(format::kLayouts, a.to_layout());
-      if (name == nullptr) fail(where + ": layout " + c10::toString(a.to_layout()) + " has no name");
-      return Json{{format::tag(format::ArgumentTag::Layout), name}};
+      if (name == nullptr) {
+        fail(node_where(n) + ": layout " + c10::toString(a.to_layout()) + " has no name");
+      }
+      out.tagged(ArgumentTag::Layout, name);
+      return;
     }
     case 8:
-      return Json{{format::tag(format::ArgumentTag::Device), a.to_device().str()}};
+      out.tagged(ArgumentTag::Device, a.to_device().str());
+      return;
     case 9: {
       const char* name = format::token_name(format::kMemoryFormats, a.to_memory_format());
       if (name == nullptr) {
-        fail(where + ": memory format " + std::string(c10::toString(a.to_memory_format())) +
-             " has no name");
+        fail(node_where(n) + ": memory format " +
+             std::string(c10::toString(a.to_memory_format())) + " has no name");
       }
-      return Json{{format::tag(format::ArgumentTag::MemoryFormat), name}};
+      out.tagged(ArgumentTag::MemoryFormat, name);
+      return;
     }
     case 10: {
-      Json list = Json::array();
-      for (const Argument& e : a.to_list()) list.push_back(argument_json(e, where));
-      return list;
+      out.raw("[");
+      bool first = true;
+      for (const Argument& e : a.to_list()) {
+        if (!first) out.raw(",");
+        first = false;
+        write_argument(out, e, n);
+      }
+      out.raw("]");
+      return;
     }
   }
-  fail(where + ": unknown argument kind");
+  fail(node_where(n) + ": unknown argument kind");
 }
 
-Json tensor_meta_json(const TensorMeta& m, const std::string& where) {
-  return Json{{"dtype", checked_dtype(m.dtype, where)},
-              {"sizes", m.sizes},
-              {"strides", m.strides},
-              {"device", m.device.str()}};
+void write_tensor_meta(JsonText& out, const TensorMeta& m, const Node* n) {
+  out.raw("{").key("dtype").string(checked_dtype(m.dtype, node_where(n)));
+  out.raw(",").key("sizes").integers(m.sizes);
+  out.raw(",").key("strides").integers(m.strides);
+  out.raw(",").key("device").string(m.device.str()).raw("}");
 }
 
-// `module_stack`: the stack's index in the module stack table, or -1 for none.
-Json meta_json(const NodeMeta& meta, int64_t module_stack, const std::string& where) {
-  Json out = Json::object();
+// `module_stack`: the stack's index in the module stack table, or -1 for
+// none. Writes nothing for metadata with nothing in it.
+void write_meta(JsonText& out, const NodeMeta& meta, int64_t module_stack, const Node* n) {
+  const std::vector<SourceFrame>& frames = meta.stack_trace.frames();
+  if (!meta.val.known() && frames.empty() && module_stack < 0) return;
+  out.raw(",").key("meta").raw("{");
+  const char* comma = "";
   if (meta.val.known()) {
-    Json tensors = Json::array();
-    for (const TensorMeta& t : meta.val.tensors) tensors.push_back(tensor_meta_json(t, where));
-    out["val"] = Json{{"kind", format::token_name(format::kValueKinds, meta.val.kind)}, {"tensors", std::move(tensors)}};
+    out.key("val").raw("{").key("kind").string(
+        format::token_name(format::kValueKinds, meta.val.kind));
+    out.raw(",").key("tensors").raw("[");
+    for (size_t i = 0; i < meta.val.tensors.size(); ++i) {
+      if (i > 0) out.raw(",");
+      write_tensor_meta(out, meta.val.tensors[i], n);
+    }
+    out.raw("]}");
+    comma = ",";
   }
   // Symbolizes now, if the trace holds raw addresses. Paths and function names
   // come from debug information and may hold any bytes; they are descriptive,
   // so invalid UTF-8 is replaced rather than refused.
-  const std::vector<SourceFrame>& frames = meta.stack_trace.frames();
   if (!frames.empty()) {
-    Json list = Json::array();
-    for (const SourceFrame& f : frames) {
-      Json frame{{"file", format::utf8_or_replace(f.file)},
-                 {"line", f.line},
-                 {"function", format::utf8_or_replace(f.function)}};
-      if (!f.code.empty()) frame["code"] = format::utf8_or_replace(f.code);
-      list.push_back(std::move(frame));
+    out.raw(comma).key("stack_trace").raw("[");
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const SourceFrame& f = frames[i];
+      if (i > 0) out.raw(",");
+      out.raw("{").key("file").string(format::utf8_or_replace(f.file));
+      out.raw(",").key("line").integer(f.line);
+      out.raw(",").key("function").string(format::utf8_or_replace(f.function));
+      if (!f.code.empty()) out.raw(",").key("code").string(format::utf8_or_replace(f.code));
+      out.raw("}");
     }
-    out["stack_trace"] = std::move(list);
+    out.raw("]");
+    comma = ",";
   }
-  if (module_stack >= 0) out["module_stack"] = module_stack;
-  return out;
+  if (module_stack >= 0) out.raw(comma).key("module_stack").integer(module_stack);
+  out.raw("}");
 }
 
 Json constant_json(const c10::IValue& v, const std::string& where) {
@@ -226,10 +337,8 @@ class Writer {
     } catch (const LintError& e) {
       fail(std::string("the module does not pass lint: ") + e.what());
     }
-    // Note [Writing the nodes as text]: the nodes, most of a big graph's
-    // document, are written as text one at a time, never held as one JSON
-    // tree (a 200,000-node graph took 4.6 KB a node that way); the small
-    // rest is a tree, dumped after them. The bytes are what dumping one
+    // The nodes are written as text (Note [Writing the nodes as text]); the
+    // small rest is a tree, dumped after them. The bytes are what dumping one
     // tree of everything would give.
     json_ = "{";
     // Before the nodes that refer to it, so that a reader reading in order
@@ -308,32 +417,40 @@ class Writer {
   }
 
  private:
-  // Appends the `nodes` array to `out`, a node at a time.
-  void append_nodes(std::string& out) {
-    out += '[';
+  // Appends the `nodes` array to `out`, a node at a time (Note [Writing the
+  // nodes as text]).
+  void append_nodes(std::string& text) {
+    JsonText out(text);
+    out.raw("[");
     bool first = true;
     for (const Node* n : gm_.graph()) {
-      const std::string where = "node %" + n->name();
-      Json args = Json::array();
-      for (const Argument& a : n->args()) args.push_back(argument_json(a, where));
-      Json entry{{"name", checked_utf8(n->name(), where)},
-                 {"op", format::token_name(format::kOpcodes, n->op())},
-                 {"target", checked_utf8(n->target(), where)},
-                 {"args", std::move(args)}};
-      if (!n->kwargs().empty()) {
-        Json kwargs = Json::array();
-        for (const auto& [k, v] : n->kwargs()) {
-          kwargs.push_back(Json::array({checked_utf8(k, where), argument_json(v, where)}));
-        }
-        entry["kwargs"] = std::move(kwargs);
-      }
-      Json meta = meta_json(n->meta(), module_stack_index(n->meta().module_stack), where);
-      if (!meta.empty()) entry["meta"] = std::move(meta);
-      if (!first) out += ',';
+      if (!first) out.raw(",");
       first = false;
-      out += entry.dump();
+      out.raw("{").key("name").string(checked_utf8(n->name(), n));
+      out.raw(",").key("op").string(format::token_name(format::kOpcodes, n->op()));
+      out.raw(",").key("target").string(checked_utf8(n->target(), n));
+      out.raw(",").key("args").raw("[");
+      for (size_t i = 0; i < n->args().size(); ++i) {
+        if (i > 0) out.raw(",");
+        write_argument(out, n->args()[i], n);
+      }
+      out.raw("]");
+      if (!n->kwargs().empty()) {
+        out.raw(",").key("kwargs").raw("[");
+        bool first_kwarg = true;
+        for (const auto& [k, v] : n->kwargs()) {
+          if (!first_kwarg) out.raw(",");
+          first_kwarg = false;
+          out.raw("[").string(checked_utf8(k, n)).raw(",");
+          write_argument(out, v, n);
+          out.raw("]");
+        }
+        out.raw("]");
+      }
+      write_meta(out, n->meta(), module_stack_index(n->meta().module_stack), n);
+      out.raw("}");
     }
-    out += ']';
+    out.raw("]");
   }
 
   // The distinct module stacks of the nodes, in order of first use. Nodes
