@@ -26,25 +26,30 @@ torch.set_num_threads(1)
 
 
 def timed(fn):
-    start = time.perf_counter()
+    """(wall seconds, CPU seconds of this thread): one thread computes, and
+    CPU time is less sensitive to other processes taking the cores."""
+    start, cpu = time.perf_counter(), time.thread_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.thread_time() - cpu
 
 
 def paired(eager, tracers, runs):
     """Median eager time, and per tracer the median time and median excess over
-    the eager run of the same round: the rounds interleave, so a change in the
-    machine's load affects both sides of a difference alike."""
-    eager_times, times, excess = [], [[] for _ in tracers], [[] for _ in tracers]
+    the eager run of the same round (wall and thread CPU time): the rounds
+    interleave, so a change in the machine's load affects both sides of a
+    difference alike."""
+    eager_times, times = [], [[] for _ in tracers]
+    excess, cpu_excess = [[] for _ in tracers], [[] for _ in tracers]
     for _ in range(runs):
-        e = timed(eager)
+        e, e_cpu = timed(eager)
         eager_times.append(e)
         for i, fn in enumerate(tracers):
-            t = timed(fn)
+            t, t_cpu = timed(fn)
             times[i].append(t)
             excess[i].append(t - e)
+            cpu_excess[i].append(t_cpu - e_cpu)
     return (statistics.median(eager_times), [statistics.median(t) for t in times],
-            [statistics.median(x) for x in excess])
+            [statistics.median(x) for x in excess], [statistics.median(x) for x in cpu_excess])
 
 
 def cpp_graph(model, x, record_stack_traces):
@@ -76,18 +81,26 @@ def bench(name, model, x, runs, make_fx_runs):
     rows = [("torchcap trace, C++ graph", lambda: cpp_graph(model, x, True)),
             ("torchcap trace, C++ graph, no stack traces", lambda: cpp_graph(model, x, False)),
             ("torchcap.trace -> torch.fx.GraphModule", lambda: torchcap.trace(model, (x,)))]
-    eager_time, times, excess = paired(eager, [fn for _, fn in rows], runs)
-    _, mfx_time, mfx_excess = paired(eager, [run_make_fx], make_fx_runs)
+    eager_time, times, excess, cpu_excess = paired(eager, [fn for _, fn in rows], runs)
+    _, mfx_time, mfx_excess, mfx_cpu_excess = paired(eager, [run_make_fx], make_fx_runs)
     rows.append(("make_fx (real mode)", None))
     times += mfx_time
     excess += mfx_excess
+    cpu_excess += mfx_cpu_excess
     per_node = [x / nodes * 1e6 for x in excess]
+    cpu_per_node = [x / nodes * 1e6 for x in cpu_excess]
 
     print(f"{name}: {nodes} nodes ({ops} operators), eager {eager_time * 1e3:.2f} ms")
-    for (label, _), t, o in zip(rows, times, per_node):
-        print(f"  {label + ':':<46} {t * 1e3:8.2f} ms  overhead {o:7.2f} us/node")
+    for (label, _), t, o, c in zip(rows, times, per_node, cpu_per_node):
+        print(f"  {label + ':':<46} {t * 1e3:8.2f} ms  overhead {o:7.2f} us/node "
+              f"(CPU {c:7.2f} us/node)")
+    # The C++ graph is what torchcap records; torchcap.trace's result adds
+    # building a torch.fx.GraphModule from it, mostly torch.fx's own work
+    # (create_node, code generation, compiling the code), which make_fx's
+    # figure includes too.
     print(f"  make_fx overhead / torchcap overhead: {per_node[3] / per_node[0]:.0f}x (C++ graph), "
-          f"{per_node[3] / per_node[2]:.0f}x (torch.fx.GraphModule)")
+          f"{per_node[3] / per_node[2]:.0f}x (torch.fx.GraphModule); CPU time: "
+          f"{cpu_per_node[3] / cpu_per_node[0]:.0f}x, {cpu_per_node[3] / cpu_per_node[2]:.0f}x")
 
 
 def main():
