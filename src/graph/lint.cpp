@@ -6,6 +6,7 @@
 #include "graph/schema_check.h"
 
 #include <algorithm>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -45,8 +46,9 @@ void Graph::lint() const {
   };
 
   std::unordered_map<const Node*, size_t> position;
-  std::unordered_set<std::string> names;
+  std::unordered_set<std::string_view> names;  // views of the nodes' own names
   position.reserve(size_);
+  names.reserve(size_);
   size_t count = 0;
   bool seen_non_placeholder = false;
   const Node* output = nullptr;

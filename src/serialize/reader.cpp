@@ -345,6 +345,99 @@ class Field {
   size_t index_ = 0;
 };
 
+// Builds the JSON document as nlohmann::json's own parser does (last of
+// repeated keys wins; its syntax errors, with their messages), except for the
+// elements of the top-level array "nodes", which it counts and drops without
+// making values of them (Note [Reading the nodes one at a time]).
+class WithoutNodes {
+ public:
+  explicit WithoutNodes(Json& root) : root_(root) {}
+
+  size_t dropped() const { return dropped_; }
+
+  bool null() { return put(Json(nullptr)); }
+  bool boolean(bool v) { return put(Json(v)); }
+  bool number_integer(Json::number_integer_t v) { return put(Json(v)); }
+  bool number_unsigned(Json::number_unsigned_t v) { return put(Json(v)); }
+  bool number_float(Json::number_float_t v, const Json::string_t&) { return put(Json(v)); }
+  bool string(Json::string_t& v) { return put(Json(std::move(v))); }
+  bool binary(Json::binary_t& v) { return put(Json::binary(std::move(v))); }
+  bool start_object(size_t) { return open(Json::object()); }
+  bool start_array(size_t) { return open(Json::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(Json::string_t& k) {
+    if (skipping_ > 0) return true;
+    key_ = std::move(k);
+    return true;
+  }
+  template <typename Exception>
+  bool parse_error(size_t, const std::string&, const Exception& e) {
+    throw e;
+  }
+
+ private:
+  // Whether the value starting now is an element of "nodes": then it is
+  // dropped, and with it everything until it ends.
+  bool drop() {
+    if (skipping_ > 0) return true;
+    if (!stack_.empty() && stack_.back() == nodes_) {
+      ++dropped_;
+      return true;
+    }
+    return false;
+  }
+
+  bool put(Json&& v) {
+    if (!drop()) place(std::move(v));
+    return true;
+  }
+
+  bool open(Json&& container) {
+    if (drop()) {
+      ++skipping_;
+      return true;
+    }
+    const bool nodes = stack_.size() == 1 && stack_.back()->is_object() && key_ == "nodes" &&
+                       container.is_array();
+    Json* placed = place(std::move(container));
+    if (nodes) nodes_ = placed;
+    stack_.push_back(placed);
+    return true;
+  }
+
+  bool close() {
+    if (skipping_ > 0) {
+      --skipping_;
+      return true;
+    }
+    stack_.pop_back();
+    return true;
+  }
+
+  Json* place(Json&& v) {
+    if (stack_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    Json& top = *stack_.back();
+    if (top.is_array()) {
+      top.push_back(std::move(v));
+      return &top.back();
+    }
+    Json& slot = top[key_];
+    slot = std::move(v);
+    return &slot;
+  }
+
+  Json& root_;
+  std::vector<Json*> stack_;
+  std::string key_;
+  Json* nodes_ = nullptr;  // the top-level "nodes" array, once it starts
+  size_t dropped_ = 0;
+  int skipping_ = 0;  // depth inside a dropped element
+};
+
 class Reader {
  public:
   Reader(std::string source, std::shared_ptr<Bytes> bytes, const LoadOptions& options)
@@ -471,19 +564,10 @@ class Reader {
   // (a key spelled with escapes, "nod\u0065s"), the document is parsed again
   // whole and the nodes read from it.
   Json parse_without_nodes(const char* text) {
-    bool in_nodes = false;
-    size_t dropped = 0;
-    Json doc = Json::parse(
-        text, text + h_.json_size, [&](int depth, Json::parse_event_t event, Json& parsed) {
-          using E = Json::parse_event_t;
-          if (depth == 1 && event == E::key) in_nodes = parsed == "nodes";
-          if (in_nodes && depth == 2 &&
-              (event == E::object_start || event == E::array_start || event == E::value)) {
-            ++dropped;
-            return false;
-          }
-          return true;
-        });
+    Json doc;
+    WithoutNodes sax(doc);
+    Json::sax_parse(text, text + h_.json_size, &sax);
+    const size_t dropped = sax.dropped();
     auto starts = scan_.elements.find("nodes");
     auto ends = scan_.element_ends.find("nodes");
     const bool found = starts != scan_.elements.end() && ends != scan_.element_ends.end() &&
