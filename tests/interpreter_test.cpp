@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <functional>
 #include <thread>
 
 namespace torchcap {
@@ -237,6 +239,61 @@ TEST(WriteBack, BumpsTheVersionSoAutogradSeesTheWrite) {
   EXPECT_GT(x._version(), version);
   // Eager's in-place write would make backward refuse; so does the graph's.
   EXPECT_THROW(loss.backward(), c10::Error);
+}
+
+// Note [Updates written in place]
+GraphModule updates_its_buffer(const std::function<c10::IValue(at::Tensor&, const at::Tensor&)>& fn) {
+  ModuleState state;
+  state.buffers.emplace_back("buf", at::full({3}, 2.0));
+  at::Tensor buf = state.buffers[0].second;
+  return export_program(state, [&](IValues in) { return fn(buf, in[0].toTensor()); },
+                        {at::zeros({3})});
+}
+
+TEST(UpdatesInPlace, TheLastOperatorOfAnUpdateWritesIntoTheBuffer) {
+  GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
+    buf.mul_(0.5).add_(x);
+    return c10::IValue(buf * 3);
+  });
+  at::Tensor buf = gm.attribute("buf").value;
+  at::Tensor before = buf.clone();
+  Interpreter interp(gm);
+  EXPECT_EQ(interp.updated_in_place(), std::vector<std::string>{"buf"});
+  const void* data = buf.data_ptr();
+  const auto version = buf._version();
+  at::Tensor x = at::arange(3, at::kFloat);
+  at::Tensor out = interp.run({x}).toTensor();
+  at::Tensor expected = before.mul(0.5).add(x);
+  EXPECT_TRUE(at::equal(buf, expected)) << buf;
+  EXPECT_TRUE(at::equal(out, expected * 3)) << out;
+  EXPECT_EQ(buf.data_ptr(), data);
+  EXPECT_GT(buf._version(), version);  // as the copy after the run would
+  interp.run({x});
+  EXPECT_TRUE(at::equal(buf, expected.mul(0.5).add(x)));
+}
+
+TEST(UpdatesInPlace, NotWhenTheNewValueIsAlsoAResult) {
+  // The result must not be the buffer itself, which the next run changes.
+  GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
+    buf.add_(x);
+    return c10::IValue(buf);
+  });
+  at::Tensor buf = gm.attribute("buf").value;
+  Interpreter interp(gm);
+  EXPECT_TRUE(interp.updated_in_place().empty());
+  at::Tensor out = interp.run({at::ones({3})}).toTensor();
+  EXPECT_TRUE(at::equal(out, buf));
+  EXPECT_FALSE(out.is_alias_of(buf));
+}
+
+TEST(UpdatesInPlace, EveryParameterAndOptimizerStateOfATrainingStep) {
+  examples::Example e = examples::make("cnn_bn_train");
+  GraphModule gm = export_program(*e.module, e.forward, e.make_inputs(0));
+  Interpreter interp(gm);
+  // BatchNorm's running statistics end with an elementwise add.
+  std::vector<std::string> in_place = interp.updated_in_place();
+  EXPECT_NE(std::find(in_place.begin(), in_place.end(), "bn1.running_mean"), in_place.end());
+  EXPECT_NE(std::find(in_place.begin(), in_place.end(), "bn1.running_var"), in_place.end());
 }
 
 TEST(Memory, ValuesAreFreedAfterTheirLastUse) {

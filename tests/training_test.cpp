@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 
@@ -125,6 +126,15 @@ TEST_P(TrainingSteps, EqualTorchOptimStepByStep) {
   GraphModule step = export_training(model, c.loss, {xs[0]}, {ys[0]}, with(opt.optimizer));
   step.lint();
   Interpreter interp(step);
+  // Note [Updates written in place]: no parameter or optimizer state is
+  // copied in after the run.
+  std::vector<std::string> in_place = interp.updated_in_place();
+  for (const StepOutput& o : training_signature(step).outputs) {
+    if (o.role == StepRole::ParameterUpdate || o.role == StepRole::OptimizerState) {
+      EXPECT_NE(std::find(in_place.begin(), in_place.end(), o.target), in_place.end())
+          << c.name << " " << opt.name << " " << o.target;
+    }
+  }
 
   auto eager_opt = eager_optimizer(opt.optimizer, eager->parameters());
   for (int64_t s = 0; s < 20; ++s) {

@@ -77,6 +77,14 @@ class Interpreter {
   size_t num_inputs() const;
   size_t num_outputs() const;
 
+  // The attributes a run updates in place, without a copy after it (Note
+  // [Updates written in place], interpreter.cpp): in a training step, the
+  // parameters and the optimizer's state whose update ends with an
+  // elementwise operator and whose old value nothing reads afterwards.
+  // Such a write happens during the run, so a run that fails later leaves
+  // them updated, as a failing torch::optim step leaves its parameters.
+  std::vector<std::string> updated_in_place() const;
+
   // The memory plan of a planned interpreter, or nullptr.
   const MemoryPlan* memory_plan() const;
   // For a planned interpreter: the operators that make planned values, with

@@ -13,6 +13,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/jit_type.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -48,6 +49,11 @@ struct Instruction {
   std::vector<int32_t> frees;  // values released after this instruction
   int32_t node_info = -1;
   int32_t planned = -1;  // a PlannedMemory call, Note [Planned runs]
+  // Note [Updates written in place]: when defined, the result is written
+  // into this attribute by `into_op` (the out variant), after `into_extra`.
+  at::Tensor into;
+  c10::OperatorHandle into_op;
+  std::vector<c10::IValue> into_extra;
 };
 
 // What an error needs to say about a node.
@@ -114,6 +120,8 @@ struct detail::InterpreterPlan {
     bool to_input;       // else to an attribute
     int32_t input;       // placeholder index
     at::Tensor buffer;   // the attribute's tensor
+    bool in_place = false;  // already written by the run (Note [Updates written in place])
+    std::string target;
   };
   std::vector<WriteBack> write_backs;
   // Note [Concurrent runs that update buffers]
@@ -159,7 +167,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     plan_->num_user_outputs = gm_.num_user_outputs();
     for (size_t i = plan_->num_user_outputs; i < gm_.output_specs.size(); ++i) {
       const OutputSpec& spec = gm_.output_specs[i];
-      detail::InterpreterPlan::WriteBack wb{false, -1, {}};
+      detail::InterpreterPlan::WriteBack wb{false, -1, {}, false, spec.target};
       if (spec.kind == OutputKind::InputMutation) {
         wb.to_input = true;
         for (size_t k = 0; k < plan_->inputs.size(); ++k) {
@@ -172,6 +180,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       plan_->write_backs.push_back(std::move(wb));
     }
     plan_->num_values = next_value_;
+    if (is_functional(gm_.graph())) write_updates_in_place(*plan_);
     compute_frees(*plan_);
     for (const Instruction& i : plan_->instructions) plan_->max_args = std::max(plan_->max_args, i.args.size());
     return std::move(plan_);
@@ -211,7 +220,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   }
 
   PlanValue call_operator(const Node& n, const std::vector<BoundArgument>& args) override {
-    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1};
+    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1, -1, {}, n.op_handle(), {}};
     if (views_for_copies_) {
       if (const c10::OperatorHandle* view = view_for_copy(n)) ins.op = *view;
     }
@@ -247,6 +256,9 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
         break;
     }
     if (plan_->memory) ins.planned = plan_->memory->add_call(n);
+    results_.push_back(n.meta().val.kind == ValueKind::Tensor && n.meta().val.tensors.size() == 1
+                           ? std::optional<TensorMeta>(n.meta().val.tensors[0])
+                           : std::nullopt);
     ins.node_info = static_cast<int32_t>(plan_->node_infos.size());
     plan_->node_infos.push_back(NodeInfo{format_node(n), n.meta().stack_trace});
     plan_->instructions.push_back(std::move(ins));
@@ -365,6 +377,121 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     return PlanValue{Slot::Kind::Attribute, static_cast<int32_t>(plan_->attributes.size() - 1), false};
   }
 
+  // Note [Updates written in place]
+  // A training step's graph ends each parameter's and each optimizer
+  // state's update with one elementwise operator (`add(p, step, alpha=-lr)`)
+  // whose result the run then copies into the attribute: torch::optim writes
+  // in place, the graph allocates and copies. When nothing after that
+  // operator reads the attribute's old value, the operator runs as its out
+  // variant with the attribute as `out`, and the write-back copy goes. The
+  // operator must be elementwise (its out variant may then alias an input
+  // that is the attribute itself: each element is read before it is
+  // written), its recorded result must have the attribute's sizes and dtype,
+  // and no other argument, later instruction or output may read the
+  // attribute's storage (a view of it folded at plan time included). The
+  // out variant runs the functional operator's kernel, so the values are the
+  // same bits. Unlike the copy after the run, the write happens during it:
+  // a run that fails later leaves the attributes it already wrote updated,
+  // as a failing torch::optim step does.
+  static bool elementwise(const c10::OperatorHandle& op) {
+    static const char* const kElementwise[] = {
+        "aten::add.Tensor", "aten::add.Scalar", "aten::sub.Tensor", "aten::sub.Scalar",
+        "aten::mul.Tensor", "aten::mul.Scalar", "aten::div.Tensor", "aten::div.Scalar",
+        "aten::addcmul",    "aten::addcdiv",    "aten::where.self", "aten::maximum",
+        "aten::max.other",  "aten::clamp_min",  "aten::lerp.Scalar", "aten::neg",
+        "aten::sqrt",       "aten::rsub.Tensor",
+    };
+    const c10::FunctionSchema& schema = op.schema();
+    std::string name = schema.overload_name().empty() ? schema.name()
+                                                      : schema.name() + "." + schema.overload_name();
+    for (const char* e : kElementwise) {
+      if (name == e) return true;
+    }
+    return false;
+  }
+
+  void write_updates_in_place(detail::InterpreterPlan& plan) const {
+    // The attribute storages each value may share: views (the interpreter
+    // runs `*_copy` as views) pass on their arguments'.
+    std::vector<int32_t> producer(plan.num_values, -1);
+    std::vector<std::vector<const c10::StorageImpl*>> shares(plan.num_values);
+    auto storages_of = [&](const Slot& s, std::vector<const c10::StorageImpl*>& out, auto&& self) -> void {
+      if (s.kind == Slot::Kind::Attribute) {
+        const at::Tensor& t = plan.attributes[s.index];
+        if (t.defined() && t.has_storage()) out.push_back(t.storage().unsafeGetStorageImpl());
+      } else if (s.kind == Slot::Kind::Value) {
+        out.insert(out.end(), shares[s.index].begin(), shares[s.index].end());
+      }
+      for (const Slot& e : s.elements) self(e, out, self);
+    };
+    for (size_t k = 0; k < plan.instructions.size(); ++k) {
+      const Instruction& ins = plan.instructions[k];
+      const c10::FunctionSchema& schema = ins.op.schema();
+      bool view = false;
+      for (const c10::Argument& r : schema.returns()) view = view || r.alias_info() != nullptr;
+      for (int32_t o = ins.out; o >= 0 && o < ins.out + ins.num_outputs; ++o) {
+        producer[o] = static_cast<int32_t>(k);
+        if (view) {
+          for (const Slot& a : ins.args) storages_of(a, shares[o], storages_of);
+        }
+      }
+    }
+    auto reads = [&](const Slot& s, const c10::StorageImpl* storage) {
+      std::vector<const c10::StorageImpl*> found;
+      storages_of(s, found, storages_of);
+      return std::find(found.begin(), found.end(), storage) != found.end();
+    };
+
+    for (size_t w = 0; w < plan.write_backs.size(); ++w) {
+      detail::InterpreterPlan::WriteBack& wb = plan.write_backs[w];
+      if (wb.to_input || !wb.buffer.defined() || !wb.buffer.has_storage() ||
+          !wb.buffer.is_non_overlapping_and_dense()) {
+        continue;
+      }
+      const Slot& result = plan.outputs[plan.num_user_outputs + w];
+      if (result.kind != Slot::Kind::Value || producer[result.index] < 0) continue;
+      const size_t k = static_cast<size_t>(producer[result.index]);
+      Instruction& ins = plan.instructions[k];
+      if (ins.num_outputs != 1 || ins.explode || ins.planned >= 0 || ins.into.defined() ||
+          !elementwise(ins.op)) {
+        continue;
+      }
+      const std::optional<TensorMeta>& meta = results_[k];
+      if (!meta || meta->dtype != wb.buffer.scalar_type() || meta->device != wb.buffer.device() ||
+          c10::IntArrayRef(meta->sizes) != wb.buffer.sizes()) {
+        continue;
+      }
+      const at::Tensor& target = wb.buffer;
+      const c10::StorageImpl* storage = target.storage().unsafeGetStorageImpl();
+      bool safe = true;
+      for (const Slot& a : ins.args) {
+        // The attribute itself, element for element, is fine; a view of it is not.
+        bool itself = a.kind == Slot::Kind::Attribute && plan.attributes[a.index].is_same(target);
+        if (!itself && reads(a, storage)) safe = false;
+      }
+      for (size_t j = k + 1; safe && j < plan.instructions.size(); ++j) {
+        for (const Slot& a : plan.instructions[j].args) safe = safe && !reads(a, storage);
+      }
+      for (size_t o = 0; safe && o < plan.outputs.size(); ++o) {
+        if (o == plan.num_user_outputs + w) continue;
+        const Slot& other = plan.outputs[o];
+        safe = !reads(other, storage) &&
+               !(other.kind == Slot::Kind::Value && other.index == result.index);
+      }
+      for (size_t v = 0; safe && v < plan.write_backs.size(); ++v) {
+        const auto& other = plan.write_backs[v];
+        safe = v == w || other.to_input || !other.buffer.defined() || !other.buffer.is_alias_of(target);
+      }
+      if (!safe) continue;
+      std::optional<detail::OutForm> form = detail::out_form(ins.op);
+      if (!form) continue;
+      ins.into = target;
+      ins.into_op = form->op;
+      ins.into_extra = form->extra;
+      wb.in_place = true;
+    }
+  }
+
   // Note [Freeing values after their last use]
   // One reverse walk: the first time a value is seen (from the end), that
   // instruction is its last use, so the value is released right after it.
@@ -400,6 +527,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   int32_t next_value_ = 0;
   bool views_for_copies_ = false;  // Note [Views for copies in functional graphs]
   std::map<std::string, std::optional<c10::OperatorHandle>> view_ops_;
+  std::vector<std::optional<TensorMeta>> results_;  // per instruction: its one tensor result
 };
 
 std::string describe_input(const at::Tensor& t) { return TensorMeta::of(t).str(); }
@@ -492,6 +620,14 @@ Interpreter& Interpreter::operator=(Interpreter&&) noexcept = default;
 size_t Interpreter::num_inputs() const { return plan_->inputs.size(); }
 size_t Interpreter::num_outputs() const { return plan_->num_user_outputs; }
 
+std::vector<std::string> Interpreter::updated_in_place() const {
+  std::vector<std::string> names;
+  for (const auto& wb : plan_->write_backs) {
+    if (wb.in_place) names.push_back(wb.target);
+  }
+  return names;
+}
+
 const MemoryPlan* Interpreter::memory_plan() const {
   return plan_->memory ? &plan_->memory->plan() : nullptr;
 }
@@ -582,7 +718,11 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
   for (const Instruction& ins : plan.instructions) {
     for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
     try {
-      if (ins.planned >= 0 && plan.memory->uses_out_variant(ins.planned)) {
+      if (ins.into.defined()) {
+        for (const c10::IValue& e : ins.into_extra) stack.push_back(e);
+        stack.emplace_back(ins.into);
+        ins.into_op.callBoxed(&stack);
+      } else if (ins.planned >= 0 && plan.memory->uses_out_variant(ins.planned)) {
         if (!plan.memory->call(ins.planned, arena->arena(), stack)) {
           stack.clear();
           for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
@@ -647,7 +787,13 @@ std::vector<at::Tensor> Interpreter::run_checked(const std::vector<at::Tensor>& 
   for (size_t i = 0; i < plan.write_backs.size(); ++i) {
     const auto& wb = plan.write_backs[i];
     at::Tensor target = wb.to_input ? inputs[wb.input] : wb.buffer;
-    target.copy_(out[plan.num_user_outputs + i]);
+    if (wb.in_place) {
+      // Written during the run, below autograd (Note [Updates written in
+      // place]): the version bump copy_ would have made.
+      target.unsafeGetTensorImpl()->bump_version();
+    } else {
+      target.copy_(out[plan.num_user_outputs + i]);
+    }
   }
   out.resize(plan.num_user_outputs);
   return out;
