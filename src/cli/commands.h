@@ -64,9 +64,10 @@ int cmd_trace_train(const std::string& model, const std::vector<std::string>& in
                     const TrainCommand& cmd, const std::string& output, bool check, bool as_json,
                     const CLI::App& trace);
 
-// `torchcap run --steps N`: N training steps of a saved step; the loss of
+// `torchcap run --steps N`: N training steps of a saved step on `inputs`
+// or on the batches of `data` (Note [Batches of run --steps]); the loss of
 // each step, and with `output` the trained step saved.
-int cmd_run_steps(const std::string& file, const std::vector<std::string>& inputs, int64_t steps,
-                  const std::string& output, bool as_json);
+int cmd_run_steps(const std::string& file, const std::vector<std::string>& inputs,
+                  const std::string& data, int64_t steps, const std::string& output, bool as_json);
 
 }  // namespace torchcap::cli

@@ -18,6 +18,7 @@
 #include <torchcap/serialize.h>
 #include <torchcap/summary.h>
 #include <torchcap/tracer.h>
+#include <torchcap/training.h>
 
 #include "cli/cli_inputs.h"
 #include "cli/commands.h"
@@ -421,9 +422,34 @@ int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std
     j["weightless"] = {{"count", s.weightless}, {"bytes", s.weightless_bytes}};
     j["inputs"] = s.input_types;
     j["output_types"] = s.output_types;
+    if (is_training_step(gm)) {
+      json roles = json::array();
+      TrainingSignature sig = training_signature(gm);
+      for (size_t i = 0; i < sig.outputs.size(); ++i) {
+        const StepOutput& o = sig.outputs[i];
+        json r{{"output", i}, {"role", step_role_name(o.role)}};
+        if (o.role != StepRole::Loss) r["target"] = o.target;
+        if (!o.parameter.empty()) r["parameter"] = o.parameter;
+        if (!o.state.empty()) r["state"] = o.state;
+        roles.push_back(std::move(r));
+      }
+      j["training_step"] = roles;
+    }
     std::cout << j.dump() << "\n";
   } else {
     std::cout << format_summary(summarize(gm));
+    // A training step's outputs by role (Note [Roles of a training step's
+    // outputs]): which one is the loss, and what each of the others
+    // updates or is the gradient of.
+    if (is_training_step(gm)) {
+      std::cout << "training step, outputs by role:\n";
+      std::string lines = training_signature(gm).str();
+      for (size_t at = 0; at < lines.size();) {
+        size_t end = lines.find('\n', at);
+        std::cout << "  " << lines.substr(at, end - at) << "\n";
+        at = end == std::string::npos ? lines.size() : end + 1;
+      }
+    }
   }
   return 0;
 }
@@ -636,7 +662,15 @@ int main_impl(int argc, char** argv) {
   run_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
   int64_t steps = 0;
   run_cmd->add_option("--steps", steps, "run a training step (trace --train) N times, printing each "
-                      "step's loss; -o then saves the trained step");
+                      "step's loss; -o then saves the trained step. Its --input are the model's "
+                      "inputs then its targets, the same batch every step, or batches cycled step "
+                      "by step: an --input file holding a stack of batches (one more leading "
+                      "dimension), or --data");
+  std::string data;
+  run_cmd->add_option("--data", data,
+                      "with --steps: a torch.save'd list of batches, each a tuple of the step's "
+                      "inputs (the model's inputs, then its targets); step i takes batch i, "
+                      "cycling");
 
   try {
     check_command(argc, argv);
@@ -649,6 +683,10 @@ int main_impl(int argc, char** argv) {
   check_not_empty(trace_cmd, "-o", trace_args.output);
   check_not_empty(run_cmd, "-o", output);
   check_not_empty(run_cmd, "--weights", weights);
+  check_not_empty(run_cmd, "--data", data);
+  if (run_cmd->parsed() && !data.empty() && run_cmd->count("--steps") == 0) {
+    throw Error("--data needs --steps: it holds batches for training steps");
+  }
   check_not_empty(show_cmd, "--svg", svg);
   for (const std::string& library : libraries) load_library(library);
   at::manual_seed(seed);
@@ -666,7 +704,7 @@ int main_impl(int argc, char** argv) {
   }
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
-  if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, steps, output, as_json);
+  if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, data, steps, output, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json);
   return cmd_examples();
 }

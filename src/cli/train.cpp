@@ -2,7 +2,7 @@
 //
 //   torchcap trace MODEL.pt --train --loss cross-entropy|mse|model --input ... --target ...
 //                  [--optimizer sgd|adam|adamw|none] [--lr ...] [--momentum ...] [-o STEP.tcg]
-//   torchcap run STEP.tcg --steps N --input ... [-o TRAINED.tcg]
+//   torchcap run STEP.tcg --steps N (--input ... | --data BATCHES.pt) [-o TRAINED.tcg]
 //
 // trace --train captures one training step of a TorchScript model
 // (export_training), checks it against one step of eager training with
@@ -509,8 +509,115 @@ int cmd_trace_train(const std::string& model, const std::vector<std::string>& in
   return 0;
 }
 
-int cmd_run_steps(const std::string& file, const std::vector<std::string>& input_specs, int64_t steps,
-                  const std::string& output, bool as_json) {
+namespace {
+
+// Note [Batches of run --steps]
+// A step's inputs are the model's inputs followed by its targets. Training
+// on one batch only fits that batch, so `run --steps` also takes several:
+//   --input SPEC ...   the same batch every step, except that an --input
+//                      file holding one more leading dimension than the
+//                      step's input is a stack of batches (xs of shape
+//                      [B, 32, 64] for an input [32, 64]); stacks must hold
+//                      as many batches as each other;
+//   --data FILE        torch.save'd list of batches, each a tuple (or list)
+//                      of the step's inputs, or a tensor for a step with one
+//                      input: `[(x, y) for x, y in loader]`.
+// Step i takes batch (i - 1) mod B: the batches are cycled in order, as
+// epochs of a loader without shuffling.
+struct Batches {
+  std::vector<std::vector<at::Tensor>> batches;  // each: the step's inputs
+  std::string source;                            // for the summary: "3 batches from --data d.pt"
+};
+
+std::vector<std::optional<TensorMeta>> step_input_metas(const GraphModule& gm) {
+  std::vector<std::optional<TensorMeta>> metas;
+  for (const Node* n : gm.graph()) {
+    if (n->op() != OpCode::Placeholder) continue;
+    const ValueMeta& v = n->meta().val;
+    metas.push_back(v.kind == ValueKind::Tensor && v.tensors.size() == 1 ? std::optional<TensorMeta>(v.tensors[0])
+                                                                          : std::nullopt);
+  }
+  return metas;
+}
+
+Batches batches_from_inputs(const GraphModule& gm, const std::vector<std::string>& specs) {
+  std::vector<std::optional<TensorMeta>> metas = step_input_metas(gm);
+  std::vector<at::Tensor> given;
+  for (const std::string& s : specs) given.push_back(parse_input(s));
+  if (given.size() != metas.size()) return {{given}, ""};  // the run reports the count
+  int64_t count = -1;
+  std::string first;
+  std::vector<bool> stacked(given.size(), false);
+  for (size_t i = 0; i < given.size(); ++i) {
+    const std::optional<TensorMeta>& m = metas[i];
+    const at::Tensor& t = given[i];
+    if (!m || !is_file(specs[i]) || t.dim() != static_cast<int64_t>(m->sizes.size()) + 1 ||
+        t.sizes().slice(1) != c10::IntArrayRef(m->sizes)) {
+      continue;
+    }
+    if (count >= 0 && t.size(0) != count) {
+      throw Error(c10::str("--input '", specs[i], "' holds a stack of ", t.size(0), " batches and --input '",
+                           first, "' one of ", count, "; stacked inputs must hold as many batches"));
+    }
+    count = t.size(0);
+    first = specs[i];
+    stacked[i] = true;
+  }
+  if (count == 0) throw Error("--input '" + first + "' holds a stack of 0 batches");
+  if (count < 0) return {{given}, ""};
+  Batches b;
+  for (int64_t k = 0; k < count; ++k) {
+    std::vector<at::Tensor> batch;
+    for (size_t i = 0; i < given.size(); ++i) batch.push_back(stacked[i] ? given[i][k] : given[i]);
+    b.batches.push_back(std::move(batch));
+  }
+  b.source = c10::str(count, " batches from stacked --input");
+  return b;
+}
+
+Batches batches_from_data(const std::string& path, size_t num_inputs) {
+  c10::IValue value = load_value_file(path);
+  std::vector<c10::IValue> items;
+  if (value.isList()) {
+    for (const c10::IValue& v : value.toListRef()) items.push_back(v);
+  } else if (value.isTuple()) {
+    for (const c10::IValue& v : value.toTupleRef().elements()) items.push_back(v);
+  } else {
+    throw Error("--data " + path + ": expected a list of batches (torch.save([(x, y), ...])), got " +
+                kind_of(value));
+  }
+  if (items.empty()) throw Error("--data " + path + ": the list of batches is empty");
+  Batches b;
+  for (size_t k = 0; k < items.size(); ++k) {
+    const c10::IValue& item = items[k];
+    std::vector<c10::IValue> fields;
+    if (item.isTensor() && num_inputs == 1) {
+      fields.push_back(item);
+    } else if (item.isTuple()) {
+      for (const c10::IValue& v : item.toTupleRef().elements()) fields.push_back(v);
+    } else if (item.isList()) {
+      for (const c10::IValue& v : item.toListRef()) fields.push_back(v);
+    }
+    bool tensors = fields.size() == num_inputs;
+    for (const c10::IValue& f : fields) tensors = tensors && f.isTensor();
+    if (!tensors) {
+      throw Error(c10::str("--data ", path, ": batch ", k, " is ", kind_of(item),
+                           (item.isTuple() || item.isList() ? c10::str(" of ", fields.size()) : std::string()),
+                           "; the step takes ", num_inputs, " tensor(s) per batch (the model's inputs, "
+                           "then its targets)"));
+    }
+    std::vector<at::Tensor> batch;
+    for (const c10::IValue& f : fields) batch.push_back(f.toTensor());
+    b.batches.push_back(std::move(batch));
+  }
+  b.source = c10::str(items.size(), " batches from ", path);
+  return b;
+}
+
+}  // namespace
+
+int cmd_run_steps(const std::string& file, const std::vector<std::string>& input_specs,
+                  const std::string& data, int64_t steps, const std::string& output, bool as_json) {
   if (steps < 1) throw Error("--steps must be 1 or more, got " + std::to_string(steps));
   GraphModule gm = load(file);
   if (!is_training_step(gm)) {
@@ -519,22 +626,33 @@ int cmd_run_steps(const std::string& file, const std::vector<std::string>& input
   }
   TrainingSignature sig = training_signature(gm);
   Interpreter interp(gm);
-  if (input_specs.empty()) {
-    throw Error("give the step's inputs and targets with --input (" + std::to_string(interp.num_inputs()) +
-                " of them, in the order of trace --train's --input then --target)");
+  if (!data.empty() && !input_specs.empty()) {
+    throw Error("give the batches with --data or with --input, not both");
   }
-  std::vector<at::Tensor> inputs;
-  for (const std::string& s : input_specs) inputs.push_back(parse_input(s));
-  if (inputs.size() != interp.num_inputs()) {
+  if (input_specs.empty() && data.empty()) {
+    throw Error("give the step's inputs and targets with --input (" + std::to_string(interp.num_inputs()) +
+                " of them, in the order of trace --train's --input then --target), or batches of "
+                "them with --data");
+  }
+  Batches batches = data.empty() ? batches_from_inputs(gm, input_specs)
+                                 : batches_from_data(data, interp.num_inputs());
+  if (batches.batches[0].size() != interp.num_inputs()) {
     throw Error("'" + file + "' takes " + std::to_string(interp.num_inputs()) +
                 " input(s) (the model's inputs, then its targets), got " +
-                std::to_string(inputs.size()) + " --input");
+                std::to_string(batches.batches[0].size()) + " --input");
   }
   StepProgress progress(steps);
   std::vector<double> losses;
   auto t0 = Clock::now();
   for (int64_t i = 1; i <= steps; ++i) {
-    std::vector<at::Tensor> out = interp.run_flat(inputs);
+    const size_t k = static_cast<size_t>(i - 1) % batches.batches.size();
+    std::vector<at::Tensor> out;
+    try {
+      out = interp.run_flat(batches.batches[k]);
+    } catch (const InputError& e) {
+      if (batches.source.empty()) throw;
+      throw InputError(c10::str("batch ", k, " (", batches.source, "): ", e.what()));
+    }
     double loss = out.at(sig.loss).item<double>();
     if (!std::isfinite(loss)) {
       throw Error(c10::str("step ", i, ": the loss is ", loss, " (try a smaller --lr when tracing)"));
@@ -545,13 +663,14 @@ int cmd_run_steps(const std::string& file, const std::vector<std::string>& input
   double ms = ms_since(t0);
   if (!output.empty()) save(gm, output);
   if (as_json) {
-    json j{{"steps", steps}, {"losses", losses}, {"time_ms", ms}};
+    json j{{"steps", steps}, {"batches", batches.batches.size()}, {"losses", losses}, {"time_ms", ms}};
     if (!output.empty()) j["file"] = output;
     std::cout << j.dump() << "\n";
     return 0;
   }
-  std::printf("%lld steps in %.1f ms (%.3g ms a step): loss %.6g -> %.6g\n", static_cast<long long>(steps),
-              ms, ms / static_cast<double>(steps), losses.front(), losses.back());
+  std::printf("%lld steps in %.1f ms (%.3g ms a step): loss %.6g -> %.6g%s\n", static_cast<long long>(steps),
+              ms, ms / static_cast<double>(steps), losses.front(), losses.back(),
+              batches.source.empty() ? "" : (" (" + batches.source + ")").c_str());
   if (!output.empty()) std::printf("saved the trained step to %s\n", output.c_str());
   return 0;
 }

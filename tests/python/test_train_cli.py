@@ -245,6 +245,146 @@ def test_run_steps_progress_bar_on_a_terminal(data, classifier_step):
     assert "step 1/4: loss" not in text  # no plain lines on a terminal
 
 
+def classifier_eager_losses(models, batches, steps):
+    """Eager SGD (lr 0.1, momentum 0.9) on the classifier, batch i % len for step i."""
+    m = torch.jit.load(str(models / "classifier.pt"))
+    m.train()
+    opt = torch.optim.SGD(list(m.parameters()), lr=0.1, momentum=0.9)
+    losses = []
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.fixture(scope="session")
+def batches(tmp_path_factory):
+    """Three batches for the classifier: a --data file and the same as stacked --input files."""
+    out = tmp_path_factory.mktemp("batches")
+    torch.manual_seed(2)
+    data = [(torch.randn(8, 8), torch.randint(0, 4, (8,))) for _ in range(3)]
+    torch.save(data, out / "batches.pt")
+    torch.save(torch.stack([x for x, _ in data]), out / "xs.pt")
+    torch.save(torch.stack([y for _, y in data]), out / "ys.pt")
+    return out, data
+
+
+def test_run_steps_cycles_the_batches_of_data(models, classifier_step, batches):
+    out, data = batches
+    j = json.loads(run("run", classifier_step, "--steps", "7", "--data", out / "batches.pt",
+                       "--json").stdout)
+    assert j["batches"] == 3 and len(j["losses"]) == 7
+    assert j["losses"] == pytest.approx(classifier_eager_losses(models, data, 7), rel=1e-5, abs=1e-6)
+    # Different batches give different losses: not one batch seven times.
+    assert len(set(j["losses"][:3])) == 3
+    text = run("run", classifier_step, "--steps", "2", "--data", out / "batches.pt").stdout
+    assert text.splitlines()[2].endswith(f"(3 batches from {out / 'batches.pt'})"), text
+
+
+def test_run_steps_on_stacked_inputs(models, classifier_step, batches):
+    out, data = batches
+    stacked = json.loads(run("run", classifier_step, "--steps", "7", "--input", out / "xs.pt",
+                             "--input", out / "ys.pt", "--json").stdout)
+    listed = json.loads(run("run", classifier_step, "--steps", "7", "--data", out / "batches.pt",
+                            "--json").stdout)
+    assert stacked["batches"] == 3 and stacked["losses"] == listed["losses"]
+    # A stack beside a single tensor: the stack's batch each step, the same targets.
+    y = data[0][1]
+    torch.save(y, out / "y0.pt")
+    mixed = json.loads(run("run", classifier_step, "--steps", "4", "--input", out / "xs.pt",
+                           "--input", out / "y0.pt", "--json").stdout)
+    assert mixed["losses"] == pytest.approx(
+        classifier_eager_losses(models, [(x, y) for x, _ in data], 4), rel=1e-5, abs=1e-6)
+    # One batch, given as before: every step on it.
+    one = json.loads(run("run", classifier_step, "--steps", "2", "--input", "8x8", "--input",
+                         out / "y0.pt", "--json").stdout)
+    assert one["batches"] == 1
+
+
+def test_run_steps_batch_mistakes(classifier_step, batches, tmp_path):
+    out, data = batches
+    assert error_of("run", classifier_step, "--steps", "2", "--data", out / "batches.pt",
+                    "--input", "8x8") == "give the batches with --data or with --input, not both"
+    assert error_of("run", classifier_step, "--data", out / "batches.pt") == (
+        "--data needs --steps: it holds batches for training steps")
+    # (LibTorch 1.13 cannot read a one-element list back: two batches.)
+    torch.save([(data[0][0],), (data[1][0],)], tmp_path / "short.pt")
+    assert error_of("run", classifier_step, "--steps", "2", "--data", tmp_path / "short.pt") == (
+        f"--data {tmp_path / 'short.pt'}: batch 0 is a tuple of 1; the step takes 2 tensor(s) "
+        "per batch (the model's inputs, then its targets)")
+    torch.save({"x": data[0][0], "y": data[0][1]}, tmp_path / "dict.pt")
+    assert error_of("run", classifier_step, "--steps", "2", "--data", tmp_path / "dict.pt") == (
+        f"--data {tmp_path / 'dict.pt'}: expected a list of batches (torch.save([(x, y), ...])), "
+        "got a dict")
+    torch.save([], tmp_path / "empty.pt")
+    assert error_of("run", classifier_step, "--steps", "2", "--data", tmp_path / "empty.pt") == (
+        f"--data {tmp_path / 'empty.pt'}: the list of batches is empty")
+    torch.save(torch.stack([y for _, y in data][:2]), tmp_path / "ys2.pt")
+    assert error_of("run", classifier_step, "--steps", "2", "--input", out / "xs.pt", "--input",
+                    tmp_path / "ys2.pt") == (
+        f"--input '{tmp_path / 'ys2.pt'}' holds a stack of 2 batches and --input "
+        f"'{out / 'xs.pt'}' one of 3; stacked inputs must hold as many batches")
+    # A batch of the wrong shape is named, after the steps before it ran.
+    torch.save([data[0], (torch.randn(5, 8), data[1][1])], tmp_path / "odd.pt")
+    message = error_of("run", classifier_step, "--steps", "3", "--data", tmp_path / "odd.pt")
+    assert message.startswith(f"batch 1 (2 batches from {tmp_path / 'odd.pt'}): inputs do not "
+                              "match the graph"), message
+    assert "[5, 8]" in message and "[8, 8]" in message, message
+
+
+# --- show -----------------------------------------------------------------------
+
+def roles_of(step):
+    """`show`'s role lines, without their output indices, which must count up from 0."""
+    out = run("show", step).stdout
+    head, marker, table = out.partition("training step, outputs by role:\n")
+    assert head.startswith("nodes: ") and marker, out
+    lines = table.splitlines()
+    assert [line.split()[0] for line in lines] == [str(i) for i in range(len(lines))], lines
+    return [line.strip().split("  ", 1)[1] for line in lines]
+
+
+def test_show_names_the_roles_of_a_training_step(models, classifier_step, tmp_path):
+    params = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    roles = roles_of(classifier_step)
+    assert roles[0] == "loss"
+    assert sorted(roles[1:]) == sorted([f"parameter update  {p}" for p in params] +
+                                       [f"optimizer state  momentum_buffer of {p}" for p in params])
+    # Adam's step count, BatchNorm's statistics; gradients of a step without optimizer.
+    run("trace", models / "cnn_bn.pt", "--train", "--loss", "mse", "--input", "3x3x6x6",
+        "--target", "3x2", "--optimizer", "adam", "-o", tmp_path / "adam.tcg")
+    roles = roles_of(tmp_path / "adam.tcg")
+    assert "optimizer state  step" in roles and "optimizer state  exp_avg_sq of conv.weight" in roles
+    assert {"buffer update  bn.running_mean", "buffer update  bn.running_var",
+            "buffer update  bn.num_batches_tracked"} <= set(roles)
+    assert roles.count("loss") == 1 and len(roles) == 1 + 6 + 13 + 3
+    run("trace", models / "cnn_bn.pt", "--train", "--loss", "mse", "--input", "3x3x6x6",
+        "--target", "3x2", "--optimizer", "none", "-o", tmp_path / "grads.tcg")
+    roles = roles_of(tmp_path / "grads.tcg")
+    assert roles[0] == "loss" and "gradient  conv.weight" in roles and "gradient  fc.bias" in roles
+    assert not any(r.startswith("parameter update") for r in roles)
+
+
+def test_show_json_lists_the_roles(classifier_step, tmp_path):
+    j = json.loads(run("show", classifier_step, "--json").stdout)
+    roles = j["training_step"]
+    assert roles[0] == {"output": 0, "role": "loss"}
+    assert [r["output"] for r in roles] == list(range(len(roles))) and len(roles) == 9
+    assert any(r == {"output": r["output"], "role": "parameter update", "target": "fc1.weight",
+                     "parameter": "fc1.weight"} for r in roles), roles
+    assert any(r == {"output": r["output"], "role": "optimizer state",
+                     "target": "optimizer.momentum_buffer.fc2.bias", "parameter": "fc2.bias",
+                     "state": "momentum_buffer"} for r in roles), roles
+    # Other graphs have no roles.
+    run("trace", "--example", "mlp", "-o", tmp_path / "mlp.tcg")
+    assert "training_step" not in json.loads(run("show", tmp_path / "mlp.tcg", "--json").stdout)
+    assert "training step" not in run("show", tmp_path / "mlp.tcg").stdout
+
+
 # --- errors --------------------------------------------------------------------
 
 def test_model_in_eval_mode(models):
