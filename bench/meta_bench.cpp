@@ -9,10 +9,10 @@
 //                        size of its weightless file (run
 //                        it in a process of its own: the peak is the
 //                        process's)
-//   meta_bench loop NAME [SECONDS [--no-stack-traces]]
+//   meta_bench loop NAME [SECONDS [--no-stack-traces|--eager]]
 //                        traces one model (mlp200, resnet18, vit_b32, any
-//                        zoo example) in real mode again and again, for a
-//                        profiler
+//                        zoo example) in real mode again and again, or runs
+//                        it eagerly, for a profiler
 //
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
 // trace_bench, the median over interleaved rounds of each round's difference,
@@ -124,17 +124,24 @@ void models(const std::string& only) {
 
 // Traces one program over and over for `seconds`, for a profiler
 // (perf record -g build/meta_bench loop mlp200 10).
-void loop(const std::string& name, double seconds, bool stack_traces) {
+// `how`: "" (trace), "--no-stack-traces", or "--eager" (runs the program
+// itself, to compare).
+void loop(const std::string& name, double seconds, const std::string& how) {
   Program p = name == "vit_b32" ? vit_b32() : from_example(name);
   TraceOptions options;
-  options.record_stack_traces = stack_traces;
+  options.record_stack_traces = how != "--no-stack-traces";
   auto t0 = std::chrono::steady_clock::now();
   int n = 0;
   while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
-    trace(p.state, p.forward, p.inputs, options);
+    if (how == "--eager") {
+      at::NoGradGuard no_grad;
+      p.forward(p.inputs);
+    } else {
+      trace(p.state, p.forward, p.inputs, options);
+    }
     ++n;
   }
-  print("loop/" + name + "/traces", n, "traces");
+  print("loop/" + name + "/runs", n, "runs");
 }
 
 void decoder() {
@@ -189,12 +196,11 @@ int main(int argc, char** argv) {
   if (which == "models") {
     torchcap::bench::models(argc > 2 ? argv[2] : "");
   } else if (which == "loop" && argc > 2) {
-    torchcap::bench::loop(argv[2], argc > 3 ? std::atof(argv[3]) : 10.0,
-                          !(argc > 4 && std::strcmp(argv[4], "--no-stack-traces") == 0));
+    torchcap::bench::loop(argv[2], argc > 3 ? std::atof(argv[3]) : 10.0, argc > 4 ? argv[4] : "");
   } else if (which == "decoder") {
     torchcap::bench::decoder();
   } else {
-    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS [--no-stack-traces]]]\n";
+    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS [--no-stack-traces|--eager]]]\n";
     return 2;
   }
   return 0;

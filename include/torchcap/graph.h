@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -148,7 +149,8 @@ class Graph {
   Node* root_;
   size_t size_ = 0;
   InsertPoint insert_point_;
-  std::unordered_map<std::string, Node*> by_name_;
+  // Keys view the nodes' own names, which never change while a node lives.
+  std::unordered_map<std::string_view, Node*> by_name_;
   std::unordered_map<std::string, int64_t> name_counters_;
 };
 

@@ -56,7 +56,12 @@ struct ValueMeta {
   ValueKind kind = ValueKind::Unknown;
   std::vector<TensorMeta> tensors;
 
-  static ValueMeta tensor(TensorMeta m) { return {ValueKind::Tensor, {std::move(m)}}; }
+  static ValueMeta tensor(TensorMeta m) {
+    ValueMeta v;  // not {kind, {m}}: an initializer list would copy m
+    v.kind = ValueKind::Tensor;
+    v.tensors.push_back(std::move(m));
+    return v;
+  }
 
   bool known() const { return kind != ValueKind::Unknown; }
   // "f32[2, 3]", "(f32[2, 3], i64[2, 3])", "[f32[2], f32[2]]", "None", "" when unknown.

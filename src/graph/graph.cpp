@@ -110,19 +110,29 @@ void Graph::set_insert_point(InsertPoint p) {
 }
 
 std::string Graph::unique_name(const std::string& hint) {
-  std::string candidate = sanitize(hint);
-  if (is_valid_node_name(candidate) && by_name_.count(candidate) == 0) return candidate;
+  // Hints are mostly identifiers already (operator stems): no copy to check.
+  std::string sanitized = is_identifier(hint) ? std::string() : sanitize(hint);
+  const std::string& candidate = sanitized.empty() ? hint : sanitized;
+  if (by_name_.count(candidate) == 0 && reserved_names().count(candidate) == 0) return candidate;
   // Strip a numeric suffix so that "add_1" taken again continues as "add_2".
-  std::string base = candidate;
-  size_t us = base.find_last_of('_');
-  if (us != std::string::npos && us + 1 < base.size() && us > 0 &&
-      base.find_first_not_of("0123456789", us + 1) == std::string::npos) {
-    base = base.substr(0, us);
+  size_t length = candidate.size();
+  size_t us = candidate.find_last_of('_');
+  if (us != std::string::npos && us + 1 < candidate.size() && us > 0 &&
+      candidate.find_first_not_of("0123456789", us + 1) == std::string::npos) {
+    length = us;
   }
-  int64_t& counter = name_counters_[base];
+  auto counter = name_counters_.find(candidate.substr(0, length));
+  if (counter == name_counters_.end()) {
+    counter = name_counters_.emplace(candidate.substr(0, length), 0).first;
+  }
+  // An identifier followed by _<digits> is an identifier, and no reserved
+  // name ends that way.
+  std::string name;
   for (;;) {
-    std::string name = base + "_" + std::to_string(++counter);
-    if (is_valid_node_name(name) && by_name_.count(name) == 0) return name;
+    name.assign(candidate, 0, length);
+    name += '_';
+    name += std::to_string(++counter->second);
+    if (by_name_.count(name) == 0) return name;
   }
 }
 
@@ -155,8 +165,7 @@ void Graph::unlink(Node* n) {
 Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
                     std::optional<c10::OperatorHandle> handle, ArgumentList args,
                     Kwargs kwargs) {
-  std::string name = unique_name(name_hint);
-  auto* n = new Node(this, op, name, std::move(target), std::move(handle));
+  auto* n = new Node(this, op, unique_name(name_hint), std::move(target), std::move(handle));
   try {
     std::vector<Node*> inputs = n->collect_inputs(args, kwargs);
     n->args_ = std::move(args);
@@ -166,7 +175,7 @@ Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
     delete n;
     throw;
   }
-  by_name_.emplace(name, n);
+  by_name_.emplace(n->name_, n);
   link(n);
   return n;
 }

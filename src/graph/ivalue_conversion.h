@@ -8,6 +8,7 @@
 
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+#include <c10/util/FunctionRef.h>
 
 #include <string>
 #include <vector>
@@ -25,11 +26,13 @@ c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared);
 
 // The reverse: a value a kernel was given for a parameter of type `declared`,
 // as an argument. Tensors become nodes through `node_of(tensor, what)`;
-// `what` names the value in errors ("argument 'self' of aten::add.Tensor").
+// `what()` names the value in errors ("argument 'self' of aten::add.Tensor"),
+// a callable so that the text is made only when an error needs it (the
+// tracer converts every argument of every operator it records).
 // Throws TraceError for values a graph cannot record (generators, objects).
-template <typename NodeOf>
+template <typename NodeOf, typename What>
 Argument argument_of(const c10::IValue& v, const c10::Type& declared, NodeOf&& node_of,
-                     const std::string& what);
+                     const What& what);
 
 // For each parameter of an operator node's schema, the argument given for it
 // (positionally or by keyword), or nullptr.
@@ -44,9 +47,9 @@ bool is_tensor_like(const c10::IValue& v);
 
 [[noreturn]] void throw_unrecordable(const c10::IValue& v, const std::string& what);
 
-template <typename NodeOf>
+template <typename NodeOf, typename What>
 Argument argument_of(const c10::IValue& v, const c10::Type& declared, NodeOf&& node_of,
-                     const std::string& what) {
+                     const What& what) {
   using K = c10::TypeKind;
   const c10::Type& type = unwrap_optional(declared);
   if (v.isNone()) return Argument();
@@ -79,11 +82,14 @@ Argument argument_of(const c10::IValue& v, const c10::Type& declared, NodeOf&& n
     auto list = v.toListRef();
     out.reserve(list.size());
     for (size_t i = 0; i < list.size(); ++i) {
-      out.push_back(argument_of(list[i], elem, node_of, what + "[" + std::to_string(i) + "]"));
+      // Type-erased, so that nested lists instantiate no new template.
+      auto describe = [&what, i] { return what() + "[" + std::to_string(i) + "]"; };
+      c10::function_ref<std::string()> element(describe);
+      out.push_back(argument_of(list[i], elem, node_of, element));
     }
     return Argument(std::move(out));
   }
-  throw_unrecordable(v, what);
+  throw_unrecordable(v, what());
 }
 
 }  // namespace detail

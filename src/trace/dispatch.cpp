@@ -15,10 +15,12 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 namespace torchcap {
 namespace detail {
@@ -149,6 +151,71 @@ int aliased_argument_of(const c10::FunctionSchema& schema, const c10::Argument& 
   return -1;
 }
 
+// Note [Operator facts, looked up once]
+// Everything the handler needs from an operator's registration (its name,
+// which arguments it writes, which results alias which arguments, whether a
+// result is data) is derived once per operator and trace, not for every call:
+// the handler runs for every operator the program calls, and the schema walks
+// and name strings would cost more than many of the operators themselves.
+// The table is the calling thread's and is emptied when another trace starts
+// (operator registrations may change between traces, never during one).
+struct OperatorFacts {
+  std::string target;      // "aten::addmm"
+  std::string name_hint;   // the node's name stem, "addmm"
+  bool returns_data = false;
+  bool is_equal = false;   // aten::equal (Note [Data-dependent values])
+  bool reshape_alias = false;
+  std::vector<bool> declared_writes;  // per argument: its alias info writes
+  bool writes = false;     // some argument is written, declared or hidden
+  const HiddenWrites* hidden = nullptr;
+  std::vector<int> written_by;  // per return: written_argument_of, or -1
+  std::vector<int> aliased_by;  // per return: aliased_argument_of, or -1
+  bool returns_written = false;  // some return is a written argument
+  bool returns_alias = false;    // some return is a view of an argument
+  size_t positional = 0;  // arguments before the first keyword-only one
+};
+
+OperatorFacts derive_facts(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema& schema = op.schema();
+  OperatorFacts f;
+  f.target = qualified_name(schema.operator_name());
+  f.name_hint = operator_stem(schema.operator_name());
+  f.returns_data = returns_data(op);
+  f.is_equal = schema.name() == "aten::equal";
+  f.reshape_alias = schema.name() == "aten::_reshape_alias" && schema.overload_name().empty();
+  const auto& params = schema.arguments();
+  for (const c10::Argument& p : params) {
+    f.declared_writes.push_back(is_write(p.alias_info()));
+    f.writes = f.writes || f.declared_writes.back();
+  }
+  f.hidden = hidden_writes(schema.operator_name());
+  f.writes = f.writes || f.hidden != nullptr;
+  for (const c10::Argument& r : schema.returns()) {
+    f.written_by.push_back(written_argument_of(schema, r));
+    f.aliased_by.push_back(aliased_argument_of(schema, r));
+    f.returns_written = f.returns_written || f.written_by.back() >= 0;
+    f.returns_alias = f.returns_alias || f.aliased_by.back() >= 0;
+  }
+  while (f.positional < params.size() && !params[f.positional].kwarg_only()) ++f.positional;
+  return f;
+}
+
+const OperatorFacts& facts_of(const TraceState& st, const c10::OperatorHandle& op) {
+  struct Table {
+    uint64_t trace = 0;
+    std::unordered_map<const c10::FunctionSchema*, OperatorFacts> facts;
+  };
+  thread_local Table table;
+  if (table.trace != st.id()) {
+    table.facts.clear();
+    table.trace = st.id();
+  }
+  const c10::FunctionSchema* key = &op.schema();
+  auto it = table.facts.find(key);
+  if (it == table.facts.end()) it = table.facts.emplace(key, derive_facts(op)).first;
+  return it->second;
+}
+
 bool is_immutable_tensor(const c10::IValue& v) {
   if (!v.isTensor()) return false;
   TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
@@ -181,16 +248,16 @@ void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
 // is a view of its argument with the given size whenever the tracer sees it,
 // so it is recorded as `aten::view(self, size)`, as later PyTorch releases
 // do; the real `_reshape_alias` still runs on the real tensor.
-Node* record_node(Graph& g, const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs) {
-  static const c10::OperatorName kReshapeAlias{"aten::_reshape_alias", ""};
-  if (op.operator_name() == kReshapeAlias) {
+Node* record_node(Graph& g, const c10::OperatorHandle& op, const OperatorFacts& facts,
+                  ArgumentList args, Kwargs kwargs) {
+  if (facts.reshape_alias) {
     static const c10::OperatorHandle view =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
     TORCH_INTERNAL_ASSERT(args.size() >= 2 && kwargs.empty(), "_reshape_alias: unexpected arguments");
     args.resize(2);
     return g.call_function(view, std::move(args));
   }
-  return g.call_function(op, std::move(args), std::move(kwargs));
+  return g.call_function(op, std::move(args), std::move(kwargs), facts.name_hint);
 }
 
 // Note [Attributes written during a trace]
@@ -213,7 +280,8 @@ Node* record_node(Graph& g, const c10::OperatorHandle& op, ArgumentList args, Kw
 struct OpCall {
   const c10::OperatorHandle& op;
   const c10::FunctionSchema& schema;
-  std::string target;
+  const OperatorFacts& facts;
+  const std::string& target;
   Stack* stack;
   size_t base;  // index of the first argument on the stack
 
@@ -233,9 +301,9 @@ std::string describe_immutable(const c10::IValue& v) {
 // whether the call is at::equal of a value with itself, whose answer (true)
 // the trace knows without data.
 bool check_data_dependence(TraceState& st, const OpCall& c) {
+  if (!c.facts.returns_data) return false;
   if (!st.meta() && st.options().allow_data_dependent_values) return false;
-  if (!returns_data(c.op)) return false;
-  if (same_value_comparison(st, c.schema, *c.stack, c.base)) return true;
+  if (c.facts.is_equal && same_value_comparison(st, c.schema, *c.stack, c.base)) return true;
   if (st.meta()) {
     throw TraceError(c.target +
                      " reads a tensor's value into C++ (for example .item(), at::equal, allclose "
@@ -255,13 +323,14 @@ bool check_data_dependence(TraceState& st, const OpCall& c) {
 // before anything runs, so the input keeps its value. Returns which arguments
 // the operator writes (declared or hidden, Note [Writes the schema does not
 // declare]).
+// Empty when the operator writes nothing.
 std::vector<bool> check_writes(const OpCall& c) {
+  if (!c.facts.writes) return {};
   const auto& params = c.schema.arguments();
   const size_t n = c.num_args();
-  std::vector<bool> written(n, false);
+  std::vector<bool> written = c.facts.declared_writes;
   std::vector<bool> hidden(n, false);
-  for (size_t i = 0; i < n; ++i) written[i] = is_write(params[i].alias_info());
-  if (const HiddenWrites* h = hidden_writes(c.schema.operator_name())) {
+  if (const HiddenWrites* h = c.facts.hidden) {
     const c10::IValue& flag = c.arg(h->condition);
     if (flag.isBool() && flag.toBool()) {
       for (size_t i : h->arguments) {
@@ -283,9 +352,7 @@ std::vector<bool> check_writes(const OpCall& c) {
       continue;
     }
     bool returned = false;
-    for (const c10::Argument& r : c.schema.returns()) {
-      returned = returned || written_argument_of(c.schema, r) == static_cast<int>(i);
-    }
+    for (int w : c.facts.written_by) returned = returned || w == static_cast<int>(i);
     if (!returned || !params[i].alias_info()->isWrite()) {
       throw TraceError(c.target + " writes to argument '" + params[i].name() +
                        "' without returning it" +
@@ -305,29 +372,43 @@ std::vector<bool> check_writes(const OpCall& c) {
 // holding their values; arguments equal to their defaults are left out.
 // Resolving may add get_attr and getitem nodes, which therefore come before
 // this operator's node.
+bool equals_default(const c10::IValue& v, const c10::Argument& param) {
+  const auto& def = param.default_value();
+  if (!def) return false;
+  if (v.isNone()) return def->isNone();
+  if (v.isTensor()) return false;
+  if (v.tagKind() != def->tagKind()) return false;
+  if (v.isInt()) return v.toInt() == def->toInt();
+  if (v.isBool()) return v.toBool() == def->toBool();
+  return !is_tensor_like(v) && v == *def;
+}
+
 std::pair<ArgumentList, Kwargs> record_arguments(TraceState& st, const OpCall& c) {
   const auto& params = c.schema.arguments();
   const size_t n = c.num_args();
-  auto node_of = [&st](const at::Tensor& t, const std::string& what) { return st.node_for(t, what); };
-  std::vector<Argument> converted(n);
-  std::vector<bool> keep(n, true);
-  for (size_t i = 0; i < n; ++i) {
-    const c10::IValue& v = c.arg(i);
-    converted[i] = argument_of(v, *params[i].real_type(), node_of,
-                               "argument '" + params[i].name() + "' of " + c.target);
-    const auto& def = params[i].default_value();
-    if (def && !is_tensor_like(v) && v.tagKind() == def->tagKind() && v == *def) keep[i] = false;
-    if (def && v.isNone() && def->isNone()) keep[i] = false;
-  }
-  size_t positional = 0;
-  while (positional < n && !params[positional].kwarg_only()) ++positional;
+  auto node_of = [&st](const at::Tensor& t, const auto& what) { return st.node_for(t, what); };
+  auto convert = [&](size_t i) {
+    auto what = [&c, &params, i] { return "argument '" + params[i].name() + "' of " + c.target; };
+    return argument_of(c.arg(i), *params[i].real_type(), node_of, what);
+  };
+  const size_t positional = c.facts.positional;
   size_t last = positional;  // trailing positional defaults are dropped
-  while (last > 0 && !keep[last - 1]) --last;
+  while (last > 0 && equals_default(c.arg(last - 1), params[last - 1])) --last;
   ArgumentList args;
   Kwargs kwargs;
-  for (size_t i = 0; i < last; ++i) args.push_back(std::move(converted[i]));
+  args.reserve(last);
+  // In order: resolving a tensor may add get_attr or getitem nodes, which
+  // the listing then shows in argument order.
+  for (size_t i = 0; i < positional; ++i) {
+    if (i < last) {
+      args.push_back(convert(i));
+    } else {
+      convert(i);  // a default value: nothing to record, but checked
+    }
+  }
   for (size_t i = positional; i < n; ++i) {
-    if (keep[i]) kwargs.emplace_back(params[i].name(), std::move(converted[i]));
+    Argument a = convert(i);
+    if (!equals_default(c.arg(i), params[i])) kwargs.emplace_back(params[i].name(), std::move(a));
   }
   return {std::move(args), std::move(kwargs)};
 }
@@ -453,15 +534,21 @@ void run_meta(TraceState& st, const OpCall& c) {
 // Step 3: the operator on the real tensors (in meta mode on meta ones, Note
 // [Meta mode]). Attributes about to be written are snapshotted first (Note
 // [Attributes written during a trace]). Returns the arguments as the program
-// passed them (wrappers included).
-std::vector<c10::IValue> run_operator(TraceState& st, const OpCall& c,
-                                      const std::vector<bool>& written) {
-  std::vector<c10::IValue> original(c.stack->begin() + c.base, c.stack->end());
+// passed them (wrappers included) when recording the results needs them: in
+// meta mode, and for operators that return a written argument or a view of
+// one; else nothing.
+using Originals = c10::SmallVector<c10::IValue, 6>;
+
+Originals run_operator(TraceState& st, const OpCall& c, const std::vector<bool>& written) {
+  Originals original;
+  if (st.meta() || c.facts.returns_written || c.facts.returns_alias) {
+    original.assign(c.stack->begin() + c.base, c.stack->end());
+  }
   if (st.meta()) {
     run_meta(st, c);
     return original;
   }
-  for (size_t i = 0; i < c.num_args(); ++i) {
+  for (size_t i = 0; i < written.size(); ++i) {
     if (written[i] && c.arg(i).isTensor()) st.before_write(c.arg(i).toTensor());
   }
   for (size_t i = 0; i < c.num_args(); ++i) (*c.stack)[c.base + i] = unwrap(c.arg(i));
@@ -510,7 +597,7 @@ void record_source(TraceState& st, Node* node) {
 // program: written arguments are rebound (Note [Proxy rebinding for in-place
 // ops]), other results wrapped (views of an input stay immutable).
 void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs kwargs,
-                    const std::vector<c10::IValue>& original) {
+                    const Originals& original) {
   const auto& returns = c.schema.returns();
   const size_t rbase = c.stack->size() - returns.size();
   // The device the program sees its results on: in meta mode not the meta
@@ -525,7 +612,7 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
     }
   }
   Graph& g = st.graph();
-  Node* node = record_node(g, c.op, std::move(args), std::move(kwargs));
+  Node* node = record_node(g, c.op, c.facts, std::move(args), std::move(kwargs));
   node->meta().val = result_meta(c.schema, c10::ArrayRef<c10::IValue>(*c.stack).slice(rbase));
   if (device) {
     for (TensorMeta& m : node->meta().val.tensors) m.device = *device;
@@ -535,7 +622,7 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
   const bool multi = returns.size() > 1;
   for (size_t j = 0; j < returns.size(); ++j) {
     c10::IValue& out = (*c.stack)[rbase + j];
-    int w = written_argument_of(c.schema, returns[j]);
+    int w = c.facts.written_by[j];
     if (w >= 0) {
       const at::Tensor& arg = original[w].toTensor();
       if (TracingTensorImpl* impl = maybe_get_tracing_impl(arg)) {
@@ -556,7 +643,7 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
       out = original[w];
       continue;
     }
-    int a = aliased_argument_of(c.schema, returns[j]);
+    int a = c.facts.aliased_by[j];
     bool immutable = a >= 0 && is_immutable_tensor(original[a]);
     auto wrap = [&](const at::Tensor& t, int64_t index) {
       at::Tensor wrapped =
@@ -578,8 +665,8 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
 
 void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
-  OpCall c{op, schema, qualified_name(schema.operator_name()), stack,
-           stack->size() - schema.arguments().size()};
+  const OperatorFacts& facts = facts_of(st, op);
+  OpCall c{op, schema, facts, facts.target, stack, stack->size() - schema.arguments().size()};
   if (check_data_dependence(st, c) && st.meta()) {
     // at::equal(x, x): true, which a meta kernel cannot say.
     c.stack->erase(c.stack->begin() + static_cast<std::ptrdiff_t>(c.base), c.stack->end());
@@ -588,7 +675,7 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   }
   std::vector<bool> written = check_writes(c);
   auto [args, kwargs] = record_arguments(st, c);
-  std::vector<c10::IValue> original = run_operator(st, c, written);
+  Originals original = run_operator(st, c, written);
   if (!has_tensor_results(c)) return;
   record_results(st, c, std::move(args), std::move(kwargs), original);
 }

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
@@ -282,10 +283,33 @@ StackTrace StackTrace::capture(int skip) {
   (void)cache_policy_set;
   void* buffer[kMaxCapturedFrames];
   int n = unw_backtrace(buffer, kMaxCapturedFrames);
-  StackTrace t;
-  t.state_ = std::make_shared<State>();
   int first = std::min(n, skip + 1);  // and this function
+  // Note [Stack traces shared by their return addresses]
+  // The nodes one line of the program records (every layer of a loop, every
+  // operator a module's forward calls in turn) come through the same return
+  // addresses: they share one state, found by the addresses' hash, so that a
+  // capture allocates nothing and each distinct stack is symbolized once.
+  // The table is the thread's, bounded, and holds no more than what graphs
+  // may still share.
+  struct Recent {
+    std::unordered_map<size_t, std::shared_ptr<State>> states;
+  };
+  thread_local Recent recent;
+  size_t h = static_cast<size_t>(n - first);
+  for (int i = first; i < n; ++i) {
+    h = (h ^ reinterpret_cast<size_t>(buffer[i])) * 0x100000001b3ULL;
+  }
+  StackTrace t;
+  auto it = recent.states.find(h);
+  if (it != recent.states.end() && it->second->pcs.size() == static_cast<size_t>(n - first) &&
+      std::equal(it->second->pcs.begin(), it->second->pcs.end(), buffer + first)) {
+    t.state_ = it->second;
+    return t;
+  }
+  if (recent.states.size() >= 4096) recent.states.clear();
+  t.state_ = std::make_shared<State>();
   t.state_->pcs.assign(buffer + first, buffer + n);
+  recent.states[h] = t.state_;
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/FunctionRef.h>
 
 #include <cstdint>
 #include <optional>
@@ -42,7 +43,11 @@ class TraceState {
   // of a multi-output node's output on first use), or for a plain tensor the
   // get_attr node of the parameter, buffer or lifted constant it is. `what`
   // names the tensor in errors ("argument 'self' of aten::add.Tensor").
-  Node* node_for(const at::Tensor& t, const std::string& what);
+  // `what` is called only for an error.
+  Node* node_for(const at::Tensor& t, c10::function_ref<std::string()> what);
+  Node* node_for(const at::Tensor& t, const std::string& what) {
+    return node_for(t, [&what] { return what; });
+  }
 
   // A plain tensor's value is now `node`'s (after an in-place op on it).
   void rebind_plain(const at::Tensor& t, Node* node);

@@ -124,10 +124,10 @@ Node* TraceState::getitem_for(Node* source, int64_t index) {
   return item;
 }
 
-Node* TraceState::node_for(const at::Tensor& t, const std::string& what) {
+Node* TraceState::node_for(const at::Tensor& t, c10::function_ref<std::string()> what) {
   if (TracingTensorImpl* w = maybe_get_tracing_impl(t)) {
     if (w->trace_id() != id_) {
-      throw TraceError(what +
+      throw TraceError(what() +
                        " is a traced tensor from another trace; a trace can only use its own "
                        "inputs, values computed from them, and plain tensors");
     }
@@ -137,7 +137,7 @@ Node* TraceState::node_for(const at::Tensor& t, const std::string& what) {
     return item;
   }
   if (t.key_set().has(kTracerKey)) {
-    throw TraceError(what + " carries the tracer's dispatch key but is not a traced tensor");
+    throw TraceError(what() + " carries the tracer's dispatch key but is not a traced tensor");
   }
   auto it = known_.find(t.unsafeGetTensorImpl());
   if (it != known_.end()) return it->second.node;
