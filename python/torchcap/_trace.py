@@ -13,7 +13,6 @@ are the module's own parameters and buffers.
 
 import operator
 import os
-import threading
 
 import torch
 import torch.nn
@@ -66,14 +65,9 @@ def _require_C():
 
 
 # --- Module stacks -----------------------------------------------------------
-# Global forward hooks, installed while at least one trace that has modules
-# runs, tell the calling thread's trace (in torchcap._C) which module's forward
-# starts and ends; the hooks are C++ functions, cheap on every module call.
-
-_hooks_lock = threading.Lock()
-_hooks_users = 0
-_hooks_handles = ()
-
+# torchcap._C reads each node's module stack from the Python frames (Note
+# [Module stacks from frames] in src/python/python_source.h): it is given the
+# traced module's submodules and needs no hooks.
 
 def _module_names(root):
     """(module, qualified path, class) of root and its submodules.
@@ -90,34 +84,17 @@ def _module_names(root):
 
 
 class _ModuleStackHooks:
+    """Formerly installed forward hooks for module stacks; module stacks now
+    come from frames. A no-op context manager, kept for its callers."""
+
     def __init__(self, modules):
-        # No submodule to report (the root is on the stack anyway): no hooks,
-        # no slower module calls.
-        self.active = any(path for _, path, _ in modules)
+        pass
 
     def __enter__(self):
-        global _hooks_users, _hooks_handles
-        if not self.active:
-            return self
-        with _hooks_lock:
-            if _hooks_users == 0:
-                from torch.nn.modules.module import (register_module_forward_hook,
-                                                     register_module_forward_pre_hook)
-                _hooks_handles = (register_module_forward_pre_hook(_C._module_pre_hook),
-                                  register_module_forward_hook(_C._module_post_hook))
-            _hooks_users += 1
         return self
 
     def __exit__(self, *exc):
-        global _hooks_users, _hooks_handles
-        if not self.active:
-            return
-        with _hooks_lock:
-            _hooks_users -= 1
-            if _hooks_users == 0:
-                for h in _hooks_handles:
-                    h.remove()
-                _hooks_handles = ()
+        return None
 
 
 # --- Errors --------------------------------------------------------------------

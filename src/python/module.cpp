@@ -674,14 +674,4 @@ PYBIND11_MODULE(_C, m) {
       py::arg("forward"), py::arg("loss"), py::arg("parameters"), py::arg("buffers"),
       py::arg("args"), py::arg("targets"), py::arg("optimizer"), py::arg("optimizer_options"),
       py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list());
-
-  // Global module forward hooks (installed by torchcap._trace while a trace
-  // runs) report the module stack to the calling thread's trace, if any. In
-  // C++: they run on every module call of every thread meanwhile.
-  m.def("_module_pre_hook", [](py::handle module, py::handle) {
-    if (PythonSource* s = PythonSource::current()) s->enter_module(module.ptr());
-  });
-  m.def("_module_post_hook", [](py::handle module, py::handle, py::handle) {
-    if (PythonSource* s = PythonSource::current()) s->exit_module(module.ptr());
-  });
 }

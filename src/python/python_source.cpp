@@ -2,6 +2,17 @@
 
 #include <frameobject.h>
 
+// Note [Module stacks from frames] reads a frame's first argument (`self`).
+// Python 3.11 offers no public call for one variable of a frame; its
+// internal frame layout gives it without building the frame's locals dict.
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#define TORCHCAP_FRAME_INTERNALS 1
+#endif
+
+#include <algorithm>
 #include <functional>
 
 namespace torchcap::python {
@@ -23,6 +34,12 @@ std::string str_attr(PyObject* obj, const char* name) {
 
 size_t PythonSource::FrameKeyHash::operator()(const FrameKey& k) const {
   return std::hash<const void*>()(k.code) * 31 + static_cast<size_t>(k.lasti);
+}
+
+size_t PythonSource::ModulesHash::operator()(const std::vector<PyObject*>& k) const {
+  size_t h = k.size();
+  for (PyObject* m : k) h = h * 1000003 ^ std::hash<const void*>()(m);
+  return h;
 }
 
 size_t PythonSource::StackKeyHash::operator()(const std::vector<FrameKey>& k) const {
@@ -50,17 +67,42 @@ PythonSource* PythonSource::current() { return tls_source; }
 PythonSource::Scope::Scope(PythonSource* source) : previous_(tls_source) { tls_source = source; }
 PythonSource::Scope::~Scope() { tls_source = previous_; }
 
-bool PythonSource::is_internal(PyObject* code) {
-  auto it = internal_.find(code);
-  if (it != internal_.end()) return it->second;
+const PythonSource::CodeInfo& PythonSource::code_info(PyObject* code) {
+  auto it = codes_info_.find(code);
+  if (it != codes_info_.end()) return it->second;
   std::string file = str_attr(code, "co_filename");
-  bool internal = false;
+  CodeInfo info;
   for (const std::string& dir : internal_dirs_) {
-    internal = internal || file.compare(0, dir.size(), dir) == 0;
+    info.internal = info.internal || file.compare(0, dir.size(), dir) == 0;
   }
+  info.forward = str_attr(code, "co_name") == "forward" &&
+                 reinterpret_cast<PyCodeObject*>(code)->co_argcount > 0;
   codes_.push_back(py::reinterpret_borrow<py::object>(code));
-  internal_.emplace(code, internal);
-  return internal;
+  return codes_info_.emplace(code, info).first->second;
+}
+
+PyObject* PythonSource::module_of(PyObject* frame) const {
+  if (known_modules_.empty()) return nullptr;
+  PyObject* self = nullptr;
+#ifdef TORCHCAP_FRAME_INTERNALS
+  self = reinterpret_cast<PyFrameObject*>(frame)->f_frame->localsplus[0];
+  // `self` captured by a closure inside forward lives in a cell.
+  if (self != nullptr && PyCell_Check(self)) self = PyCell_GET(self);
+#else
+  py::object locals = py::reinterpret_borrow<py::object>(frame).attr("f_locals");
+  if (PyDict_Check(locals.ptr())) self = PyDict_GetItemString(locals.ptr(), "self");
+#endif
+  return self != nullptr && known_modules_.count(self) != 0 ? self : nullptr;
+}
+
+const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& modules) {
+  auto it = module_stacks_.find(modules);
+  if (it != module_stacks_.end()) return it->second;
+  std::vector<ModuleFrame> frames;
+  if (root_) frames.push_back(*root_);
+  for (PyObject* m : modules) frames.push_back(known_modules_.at(m));
+  ModuleStack stack = frames.empty() ? ModuleStack() : ModuleStack(std::move(frames));
+  return module_stacks_.emplace(modules, std::move(stack)).first->second;
 }
 
 const SourceFrame& PythonSource::frame_for(PyObject* frame, PyObject* code, FrameKey key) {
@@ -77,14 +119,23 @@ const SourceFrame& PythonSource::frame_for(PyObject* frame, PyObject* code, Fram
 
 void PythonSource::locate(NodeMeta& meta) {
   py::gil_scoped_acquire gil;
-  meta.module_stack = module_stack_;
   scratch_.clear();
+  module_scratch_.clear();
   PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());
   while (frame != nullptr && reinterpret_cast<PyObject*>(frame) != boundary_.ptr() &&
          scratch_.size() < kMaxFrames) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     PyObject* c = reinterpret_cast<PyObject*>(code);
-    if (!is_internal(c)) {
+    const CodeInfo& info = code_info(c);
+    if (info.forward) {
+      // Innermost first; a forward calling its base class's forward is one
+      // module call.
+      PyObject* m = module_of(reinterpret_cast<PyObject*>(frame));
+      if (m != nullptr && (module_scratch_.empty() || module_scratch_.back() != m)) {
+        module_scratch_.push_back(m);
+      }
+    }
+    if (!info.internal) {
       FrameKey key{c, PyFrame_GetLasti(frame)};
       frame_for(reinterpret_cast<PyObject*>(frame), c, key);
       scratch_.push_back(key);
@@ -95,6 +146,8 @@ void PythonSource::locate(NodeMeta& meta) {
     frame = back;
   }
   Py_XDECREF(frame);
+  std::reverse(module_scratch_.begin(), module_scratch_.end());  // outermost first
+  meta.module_stack = module_stack_of(module_scratch_);
   if (scratch_.empty()) return;
   auto it = stacks_.find(scratch_);
   if (it == stacks_.end()) {
@@ -108,27 +161,11 @@ void PythonSource::locate(NodeMeta& meta) {
 
 void PythonSource::add_module(py::object module, std::string path, std::string type) {
   if (path.empty()) {
-    // The root: on the stack for the whole trace, whatever its hooks say.
-    modules_.insert(modules_.begin(), ModuleFrame{std::move(path), std::move(type)});
-    has_root_ = true;
-    module_stack_ = ModuleStack(modules_);
+    root_ = ModuleFrame{std::move(path), std::move(type)};
     return;
   }
   known_modules_.emplace(module.ptr(), ModuleFrame{std::move(path), std::move(type)});
   module_refs_.push_back(std::move(module));
-}
-
-void PythonSource::enter_module(PyObject* module) {
-  auto it = known_modules_.find(module);
-  if (it == known_modules_.end()) return;
-  modules_.push_back(it->second);
-  module_stack_ = ModuleStack(modules_);
-}
-
-void PythonSource::exit_module(PyObject* module) {
-  if (modules_.size() <= root_frames() || known_modules_.count(module) == 0) return;
-  modules_.pop_back();
-  module_stack_ = ModuleStack(modules_);
 }
 
 }  // namespace torchcap::python

@@ -6,15 +6,24 @@
 // the GIL whenever it is called. The frames walked are those between the
 // innermost Python frame and the frame that started the trace (excluded);
 // frames of files under `internal_dirs` (torch's and torchcap's own packages)
-// are left out. Stacks are cached by their frames' (code, instruction)
-// pairs, so consecutive nodes made by one line share one StackTrace and the
-// source text of a line is read once.
+// are left out of stack traces. Stacks are cached by their frames' (code,
+// instruction) pairs, so consecutive nodes made by one line share one
+// StackTrace and the source text of a line is read once.
+//
+// Note [Module stacks from frames]
+// The module stack is read from the same frames: a frame running a method
+// named `forward` whose `self` is one of the traced module's submodules is
+// that module's forward. No forward hooks are involved: hooks, even global
+// ones, make every module call take nn.Module's slow path and call into
+// torchcap twice, which cost more than recording the module's operators.
+// Module stacks are cached by the modules on them, so nodes share them.
 #pragma once
 
 #include <torchcap/meta.h>
 
 #include <pybind11/pybind11.h>
 
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -36,14 +45,11 @@ class PythonSource {
   // Fills meta.stack_trace and meta.module_stack. Takes the GIL.
   void locate(NodeMeta& meta);
 
-  // The traced program's modules: what forward hooks report for them, by
-  // object ("layer1.0.conv1", "torch.nn.modules.conv.Conv2d"). The GIL is held.
-  // The root module (path "") is on the stack of every node, outermost.
+  // The traced program's modules, by object ("layer1.0.conv1",
+  // "torch.nn.modules.conv.Conv2d"); others are never on a module stack. The
+  // GIL is held. The root module (path "") is on the stack of every node,
+  // outermost, whether or not its forward is running.
   void add_module(py::object module, std::string path, std::string type);
-  // Global forward hooks: a module's forward starts or ends. Modules not added
-  // are not on the stack. The GIL is held by the caller.
-  void enter_module(PyObject* module);
-  void exit_module(PyObject* module);
 
   // The source of the calling thread's running trace, or nullptr.
   static PythonSource* current();
@@ -73,26 +79,36 @@ class PythonSource {
     size_t operator()(const std::vector<FrameKey>& k) const;
   };
 
-  bool is_internal(PyObject* code);
-  // 1 when the root module is on the stack for the whole trace, else 0.
-  size_t root_frames() const { return has_root_ ? 1 : 0; }
+  struct CodeInfo {
+    bool internal = false;  // in one of internal_dirs_
+    bool forward = false;   // a function named forward, with arguments
+  };
+  struct ModulesHash {
+    size_t operator()(const std::vector<PyObject*>& k) const;
+  };
+
+  const CodeInfo& code_info(PyObject* code);
   const SourceFrame& frame_for(PyObject* frame, PyObject* code, FrameKey key);
+  // The module whose forward `frame` runs, or nullptr.
+  PyObject* module_of(PyObject* frame) const;
+  const ModuleStack& module_stack_of(const std::vector<PyObject*>& modules);
 
   std::vector<std::string> internal_dirs_;
   py::object boundary_;
   py::object getline_;  // linecache.getline
   // Code objects seen, kept alive so that their addresses stay unique keys.
   std::vector<py::object> codes_;
-  std::unordered_map<const void*, bool> internal_;
+  std::unordered_map<const void*, CodeInfo> codes_info_;
   std::unordered_map<FrameKey, SourceFrame, FrameKeyHash> frames_;
   std::unordered_map<std::vector<FrameKey>, StackTrace, StackKeyHash> stacks_;
   std::vector<FrameKey> scratch_;
 
   std::unordered_map<PyObject*, ModuleFrame> known_modules_;
   std::vector<py::object> module_refs_;
-  std::vector<ModuleFrame> modules_;
-  bool has_root_ = false;
-  ModuleStack module_stack_;
+  std::optional<ModuleFrame> root_;
+  // Module stacks by their modules, outermost first (the root not included).
+  std::unordered_map<std::vector<PyObject*>, ModuleStack, ModulesHash> module_stacks_;
+  std::vector<PyObject*> module_scratch_;
 };
 
 }  // namespace torchcap::python

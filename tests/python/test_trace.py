@@ -300,6 +300,47 @@ def test_module_stack_has_the_root_for_a_bound_method_and_a_leaf_module():
     assert all("nn_module_stack" not in n.meta for n in gm.graph.nodes)
 
 
+class Closure(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        def helper(y):  # captures self: in a cell, not a plain local
+            return y * self.scale
+        return helper(x).cos()
+
+
+class Derived(Closure):
+    def forward(self, x):
+        return super().forward(x).sin()
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.derived = Derived()
+        self.direct = Closure()
+
+    def forward(self, x):
+        return self.direct.forward(self.derived(x)).exp()
+
+
+def test_module_stacks_read_from_frames():
+    # Module stacks come from the Python frames running a module's forward:
+    # a self captured by a closure, a forward calling its base class's (one
+    # module call) and a submodule's forward called directly all count.
+    gm = torchcap.trace(Outer(), (torch.randn(2),))
+    stacks = {n.target: list(n.meta["nn_module_stack"]) for n in gm.graph.nodes
+              if n.op == "call_function"}
+    assert stacks[torch.ops.aten.sin.default] == ["", "derived"]
+    assert stacks[torch.ops.aten.cos.default] in (["", "derived"], ["", "direct"])
+    assert stacks[torch.ops.aten.exp.default] == [""]
+    cosines = [list(n.meta["nn_module_stack"]) for n in gm.graph.nodes
+               if n.target == torch.ops.aten.cos.default]
+    assert cosines == [["", "derived"], ["", "direct"]]
+
+
 # --- Export ----------------------------------------------------------------------------------
 
 def test_export_batchnorm_train_mode_has_the_programs_effect():
