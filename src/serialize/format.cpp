@@ -157,11 +157,12 @@ CheckedHeader check_header(const unsigned char* b, uint64_t size, bool verify_ch
                                            " is not between the end of the header and the "
                                            "end of the file");
   }
+  auto past_end = [&](const char* which, uint64_t offset, uint64_t length) {
+    return "the " + std::string(which) + " section [" + to_string(offset) + ", +" +
+           to_string(length) + ") extends past the end of the file at " + to_string(size);
+  };
   if (h.json_size > size - h.json_offset) {
-    return problem(field::kJsonSize, "the JSON section [" + to_string(h.json_offset) + ", +" +
-                                         to_string(h.json_size) +
-                                         ") extends past the end of the file at " +
-                                         to_string(size));
+    return problem(field::kJsonSize, past_end("JSON", h.json_offset, h.json_size));
   }
   if (h.json_size > kMaxJsonSize) {
     return problem(field::kJsonSize, "the JSON section is " + to_string(h.json_size) +
@@ -177,10 +178,7 @@ CheckedHeader check_header(const unsigned char* b, uint64_t size, bool verify_ch
                        " and the end of the file");
   }
   if (h.data_size > size - h.data_offset) {
-    return problem(field::kDataSize, "the data section [" + to_string(h.data_offset) + ", +" +
-                                         to_string(h.data_size) +
-                                         ") extends past the end of the file at " +
-                                         to_string(size));
+    return problem(field::kDataSize, past_end("data", h.data_offset, h.data_size));
   }
   return out;
 }
