@@ -19,7 +19,9 @@ import torch.nn
 import torch.utils._pytree as pytree
 
 from torchcap._errors import Error, InputError, TraceError
-from torchcap._load import TorchcapCodeGen, _Spec, _refuse_unbound_weights, _tensor_metadata
+from torchcap._load import (TorchcapCodeGen, _Spec, _forward_after_generating_code,
+                            _refuse_unbound_weights, _set_graph_generating_code_later,
+                            _tensor_metadata)
 
 try:
     from torchcap import _C
@@ -349,10 +351,10 @@ def _set_tensor(gm, name, tensor, is_parameter):
         owner._buffers[leaf] = tensor
 
 
-def _to_fx(graph, kwargs):
-    """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors.
+def _fx_graph(graph, keywords):
+    """The torch.fx.Graph of a torchcap._C.GraphModule, with its code generator.
 
-    Built as torchcap.load builds a module from a file (the same code
+    Built as torchcap.load builds a graph from a file (the same code
     generator and conventions), from the C++ graph directly (Note [Building the
     torch.fx graph directly] in src/python/module.cpp).
     """
@@ -365,26 +367,48 @@ def _to_fx(graph, kwargs):
         output = next(iter(reversed(fx_graph.nodes)))
         written = [placeholders[t] for k, t in mutations if k == "input_mutation"]
         output.args = ((list(output.args[0]), written),)
+    codegen = TorchcapCodeGen(in_spec, out_spec, mutations, placeholders)
+    fx_graph.set_codegen(_KeywordCodeGen(codegen, keywords) if keywords else codegen)
+    return fx_graph
+
+
+def _to_fx(graph, kwargs):
+    """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors.
+
+    Its forward() is generated and compiled when first needed, as a loaded
+    module's (Note [Code generated on first use] in _load.py): a program
+    traced to be saved, or inspected, never pays for it.
+    """
+    keywords = list(kwargs.keys())
+    fx_graph = _fx_graph(graph, keywords)
     gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
                               class_name="TorchcapGraphModule")
     # The traced tensors: the module's own parameters and buffers (the same
     # objects), except buffers the program wrote, of which the graph keeps the
     # values from before the trace (the trace ran the program, which updated
     # the module's own).
-    for name, kind, tensor in graph.attributes():
+    attributes = graph.attributes()
+    for name, kind, tensor in attributes:
         _set_tensor(gm, name, tensor, kind == "parameter")
-    codegen = TorchcapCodeGen(in_spec, out_spec, mutations, placeholders)
-    fx_graph.set_codegen(_KeywordCodeGen(codegen, kwargs.keys()) if kwargs else codegen)
-    gm.graph = fx_graph  # generates forward()
+    _set_graph_generating_code_later(gm, fx_graph)
     gm._torchcap_graph = graph
-    gm._torchcap_code = gm.code
+    gm._torchcap_keywords = keywords
     # A model traced on the meta device: running the graph on real inputs is
     # refused until its weights hold values (Note [Runs with unbound weights]).
-    attributes = [(name, kind) for name, kind, _ in graph.attributes()]
-    gm._torchcap_attributes = attributes
-    if any(isinstance(t, torch.Tensor) and t.is_meta for _, _, t in graph.attributes()):
+    gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
+    if any(isinstance(t, torch.Tensor) and t.is_meta for _, _, t in attributes):
         gm.register_forward_pre_hook(_refuse_unbound_weights)
     return gm
+
+
+def _as_traced(gm):
+    """Whether gm's code is the one its trace made: not generated since (the
+    graph may only change through recompile(), which generates it), or the
+    same as the traced graph's."""
+    if type(gm).__dict__.get("forward") is _forward_after_generating_code:
+        return True
+    traced = _fx_graph(gm._torchcap_graph, getattr(gm, "_torchcap_keywords", ()))
+    return gm.code == traced.python_code(root_module="self").src
 
 
 def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,
@@ -451,7 +475,7 @@ def save(gm, path):
     _require_C()
     path = os.fspath(path)
     graph = getattr(gm, "_torchcap_graph", None)
-    if graph is not None and gm.code == gm._torchcap_code:
+    if graph is not None and _as_traced(gm):
         graph.save(path, [(name, _attribute(gm, name)) for name, _, _ in graph.attributes()])
         return
     _C.save_fx(*_describe_fx(gm), path)
