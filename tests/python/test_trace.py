@@ -529,6 +529,34 @@ def test_save_make_fx_graph_then_run_in_cpp(tmp_path):
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_code_generated_on_first_use(tmp_path, monkeypatch):
+    # forward() is generated when the module is first called or its code
+    # read; a module whose code was generated saves as traced, nesting kept.
+    m = Nested()
+    args = ((torch.randn(3, 8), {"bias": torch.randn(8)}), torch.randn(2))
+    generated = []
+    python_code = torch.fx.Graph.python_code
+    monkeypatch.setattr(torch.fx.Graph, "python_code",
+                        lambda g, *a, **k: generated.append(g) or python_code(g, *a, **k))
+    gm = torchcap.trace(m, args)
+    assert not [g for g in generated if g is gm.graph]
+    assert_tree_equal(gm(*args), m(*args))
+    assert gm.code == gm.graph.python_code("self").src
+    torchcap.save(gm, tmp_path / "m.tcg")
+    assert_tree_equal(torchcap.load(tmp_path / "m.tcg")(*args), m(*args))
+    # Edited after its code was generated: the edit is saved.
+    gm = torchcap.trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
+    x = torch.randn(2, 4)
+    gm(x)
+    for n in gm.graph.nodes:
+        if n.target == torch.ops.aten.relu.default:
+            n.target = torch.ops.aten.sigmoid.default
+    gm.recompile()
+    torchcap.save(gm, tmp_path / "e.tcg")
+    torch.testing.assert_close(torchcap.load(tmp_path / "e.tcg")(x)[0], gm(x))
+    assert (gm(x) > 0).all()
+
+
 def test_save_refuses_what_it_cannot_store(tmp_path):
     with pytest.raises(torchcap.Error, match="call_module node"):
         torchcap.save(torch.fx.symbolic_trace(nn.Sequential(nn.Linear(2, 2))), tmp_path / "x.tcg")
