@@ -9,10 +9,12 @@
 //                        size of its weightless file (run
 //                        it in a process of its own: the peak is the
 //                        process's)
-//   meta_bench loop NAME [SECONDS [--no-stack-traces|--eager]]
+//   meta_bench loop NAME [SECONDS|Nx [--no-stack-traces|--eager]]
 //                        traces one model (mlp200, resnet18, vit_b32, any
 //                        zoo example) in real mode again and again, or runs
-//                        it eagerly, for a profiler
+//                        it eagerly, for a profiler: for SECONDS (10), or N
+//                        times ("20x", for instruction counts under
+//                        valgrind)
 //
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
 // trace_bench, the median over interleaved rounds of each round's difference,
@@ -126,13 +128,19 @@ void models(const std::string& only) {
 // (perf record -g build/meta_bench loop mlp200 10).
 // `how`: "" (trace), "--no-stack-traces", or "--eager" (runs the program
 // itself, to compare).
-void loop(const std::string& name, double seconds, const std::string& how) {
+void loop(const std::string& name, const std::string& duration, const std::string& how) {
+  const bool counted = !duration.empty() && duration.back() == 'x';
+  const double limit = std::atof(duration.c_str());
   Program p = name == "vit_b32" ? vit_b32() : from_example(name);
   TraceOptions options;
   options.record_stack_traces = how != "--no-stack-traces";
   auto t0 = std::chrono::steady_clock::now();
   int n = 0;
-  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+  auto more = [&] {
+    if (counted) return n < limit;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < limit;
+  };
+  while (more()) {
     if (how == "--eager") {
       at::NoGradGuard no_grad;
       p.forward(p.inputs);
@@ -196,11 +204,11 @@ int main(int argc, char** argv) {
   if (which == "models") {
     torchcap::bench::models(argc > 2 ? argv[2] : "");
   } else if (which == "loop" && argc > 2) {
-    torchcap::bench::loop(argv[2], argc > 3 ? std::atof(argv[3]) : 10.0, argc > 4 ? argv[4] : "");
+    torchcap::bench::loop(argv[2], argc > 3 ? argv[3] : "10", argc > 4 ? argv[4] : "");
   } else if (which == "decoder") {
     torchcap::bench::decoder();
   } else {
-    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS [--no-stack-traces|--eager]]]\n";
+    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS|Nx [--no-stack-traces|--eager]]]\n";
     return 2;
   }
   return 0;

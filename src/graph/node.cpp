@@ -105,6 +105,13 @@ std::vector<Node*> Node::replace_all_uses_with(Node* replacement) {
 // single write path (STYLE.md 2). Collecting validates before anything changes.
 std::vector<Node*> Node::collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const {
   std::vector<Node*> fresh;
+  // Sized once: most nodes read a few values, and growing the vector one
+  // push at a time would allocate for each of the first few.
+  size_t references = 0;
+  auto count = [&references](Node*) { ++references; };
+  for (const Argument& a : args) a.for_each_node(count);
+  for (const auto& kv : kwargs) kv.second.for_each_node(count);
+  fresh.reserve(references);
   // Short lists are searched; long ones (a cat of thousands of values) are
   // indexed, or creating the node would be quadratic in its inputs.
   std::unordered_set<Node*> seen;
