@@ -59,23 +59,9 @@ _MAX_JSON_SIZE = _TABLES["limits"]["max_json_size"]
 _INT64_MAX = (1 << 63) - 1
 _NODE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names a node cannot take because generated code would break: keywords,
-# builtins, and names the code uses. The same list as the C++ graph's
-# (src/graph/graph.cpp, reserved_names), so both loaders refuse the same files;
-# test_load.py compares the two over every keyword and builtin.
-_RESERVED_NODE_NAMES = frozenset((
-    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
-    "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
-    "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise",
-    "return", "try", "while", "with", "yield",
-    "abs", "all", "any", "ascii", "bin", "bool", "breakpoint", "bytearray", "bytes",
-    "callable", "chr", "classmethod", "compile", "complex", "delattr", "dict", "dir",
-    "divmod", "enumerate", "eval", "exec", "exit", "filter", "float", "format",
-    "frozenset", "getattr", "globals", "hasattr", "hash", "help", "hex", "id", "input",
-    "int", "isinstance", "issubclass", "iter", "len", "list", "locals", "map", "max",
-    "memoryview", "min", "next", "object", "oct", "open", "ord", "pow", "print",
-    "property", "quit", "range", "repr", "reversed", "round", "set", "setattr", "slice",
-    "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
-    "self", "torch", "operator", "device", "inf", "nan", "math"))
+# builtins, and names the code uses; the C++ graph's list
+# (src/graph/reserved_names.h), so both loaders refuse the same files.
+_RESERVED_NODE_NAMES = frozenset(_TABLES["reserved_node_names"])
 
 # Dtypes whose tensors the data section holds, and the others an argument or
 # a value's metadata may name; element sizes without making a tensor

@@ -3,10 +3,12 @@
 #include <torchcap/printer.h>
 
 #include "graph/operator_name.h"
+#include "graph/reserved_names.h"
 
 #include <c10/util/Exception.h>
 
 #include <cctype>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <unordered_set>
@@ -14,27 +16,10 @@
 namespace torchcap {
 namespace {
 
-// Names a node cannot take, because the generated Python code would break:
-// keywords, builtins, and the names the code itself uses.
+// Names a node cannot take (graph/reserved_names.h).
 const std::unordered_set<std::string>& reserved_names() {
-  static const std::unordered_set<std::string> names = {
-      // keywords
-      "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
-      "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
-      "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise",
-      "return", "try", "while", "with", "yield",
-      // builtins
-      "abs", "all", "any", "ascii", "bin", "bool", "breakpoint", "bytearray", "bytes",
-      "callable", "chr", "classmethod", "compile", "complex", "delattr", "dict", "dir",
-      "divmod", "enumerate", "eval", "exec", "exit", "filter", "float", "format",
-      "frozenset", "getattr", "globals", "hasattr", "hash", "help", "hex", "id", "input",
-      "int", "isinstance", "issubclass", "iter", "len", "list", "locals", "map", "max",
-      "memoryview", "min", "next", "object", "oct", "open", "ord", "pow", "print",
-      "property", "quit", "range", "repr", "reversed", "round", "set", "setattr", "slice",
-      "sorted", "staticmethod", "str", "sum", "super", "tuple", "type", "vars", "zip",
-      // used by generated code
-      "self", "torch", "operator", "device", "inf", "nan", "math",
-  };
+  static const std::unordered_set<std::string> names(std::begin(detail::kReservedNodeNames),
+                                                     std::end(detail::kReservedNodeNames));
   return names;
 }
 
