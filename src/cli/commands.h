@@ -5,6 +5,7 @@
 
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <chrono>
 #include <string>
@@ -15,6 +16,10 @@ class App;
 }
 namespace torch::jit {
 struct Module;
+}
+
+namespace torchcap {
+class GraphModule;
 }
 
 namespace torchcap::cli {
@@ -36,6 +41,9 @@ std::vector<c10::Argument> forward_parameters(torch::jit::Module& m);
 std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string& name,
                                         const std::vector<std::string>& specs,
                                         bool shapes_only = false);
+
+// The node counts and operator histogram of `gm` that `--json` prints.
+nlohmann::ordered_json summary_json(const GraphModule& gm);
 
 // `torchcap trace --train`: the training step of a TorchScript model.
 struct TrainCommand {

@@ -87,19 +87,6 @@ class Progress {
   bool shown_ = false;
 };
 
-json summary_json(const GraphModule& gm) {
-  GraphSummary s = summarize(gm);
-  json j;
-  j["nodes"] = s.nodes;
-  j["placeholders"] = s.placeholders;
-  j["get_attr"] = s.get_attrs;
-  j["call_function"] = s.call_functions;
-  j["outputs"] = s.outputs;
-  j["ops"] = json::object();
-  for (const auto& [op, count] : s.ops) j["ops"][op] = count;
-  return j;
-}
-
 std::vector<c10::IValue> as_ivalues(const std::vector<at::Tensor>& ts) {
   return std::vector<c10::IValue>(ts.begin(), ts.end());
 }
@@ -165,6 +152,19 @@ void check_model_file(const std::string& path) {
 }
 
 }  // namespace
+
+json summary_json(const GraphModule& gm) {
+  GraphSummary s = summarize(gm);
+  json j;
+  j["nodes"] = s.nodes;
+  j["placeholders"] = s.placeholders;
+  j["get_attr"] = s.get_attrs;
+  j["call_function"] = s.call_functions;
+  j["outputs"] = s.outputs;
+  j["ops"] = json::object();
+  for (const auto& [op, count] : s.ops) j["ops"][op] = count;
+  return j;
+}
 
 // torch::jit::load, with LibTorch's message on operators no loaded library
 // defines turned into what to do about it.

@@ -470,14 +470,8 @@ int cmd_trace_train(const std::string& model, const std::vector<std::string>& in
   if (check) checked = check_step(m, step, loss_fn, optimizer, inputs, targets);
   if (!output.empty()) save(step, output);
 
-  GraphSummary s = summarize(step);
   if (as_json) {
-    json j;
-    j["nodes"] = s.nodes;
-    j["placeholders"] = s.placeholders;
-    j["get_attr"] = s.get_attrs;
-    j["call_function"] = s.call_functions;
-    j["outputs"] = s.outputs;
+    json j = summary_json(step);
     j["loss"] = cmd.loss;
     j["optimizer"] = describe(optimizer);
     json roles = json::object();
@@ -493,6 +487,7 @@ int cmd_trace_train(const std::string& model, const std::vector<std::string>& in
     std::cout << j.dump() << "\n";
     return 0;
   }
+  GraphSummary s = summarize(step);
   std::printf("captured a training step of %s (%s loss, %s): %zu nodes (%zu placeholder, %zu get_attr, "
               "%zu call_function, %zu output) in %.1f ms\n",
               model.c_str(), cmd.loss.c_str(), describe(optimizer).c_str(), s.nodes, s.placeholders,

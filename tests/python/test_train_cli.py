@@ -158,6 +158,8 @@ def test_trace_train_equals_eager_step(models, optimizer):
                        "3x3x6x6", "--target", "3x2", *optimizer, "--json").stdout)
     assert j["max_abs_diff"] <= 1e-6, j
     assert j["roles"]["loss"] == 1
+    # The operator histogram `trace --json` prints for any graph.
+    assert sum(j["ops"].values()) == j["call_function"] and j["ops"]["aten::convolution"] == 1
     if optimizer[1] == "none":
         assert j["roles"]["gradient"] == 6 and j["roles"]["parameter update"] == 0
     else:
