@@ -81,7 +81,9 @@ void bench_case(const std::string& only, const TrainingCase& c, const std::strin
   GraphModule step = export_training(*captured_model, forward, c.loss, {c.x}, {c.y}, options);
   size_t nodes = 0;
   for (const Node* n : step.graph()) nodes += n->op() == OpCode::CallFunction ? 1 : 0;
+  auto t0 = std::chrono::steady_clock::now();
   Interpreter interp(step);
+  const double plan_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   InterpreterOptions planned_options;
   planned_options.plan_memory = true;
   Interpreter planned(step, planned_options);
@@ -113,6 +115,7 @@ void bench_case(const std::string& only, const TrainingCase& c, const std::strin
   const double captured_faults = faults_per_step(captured_step);
   std::string p = "train/" + c.name + "/" + optimizer_name + "/";
   print(p + "nodes", static_cast<double>(nodes), "nodes");
+  print(p + "interpreter_construction", plan_ms, "ms");
   print(p + "eager", eager.first * 1e3, "ms");
   print(p + "captured", captured.first * 1e3, "ms");
   print(p + "captured_planned", with_plan.first * 1e3, "ms");

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 
 namespace torchcap {
 namespace {
@@ -441,6 +442,27 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       storages_of(s, found, storages_of);
       return std::find(found.begin(), found.end(), storage) != found.end();
     };
+    // Who reads each attribute storage, found in one walk (a step graph
+    // has an update per parameter and optimizer state: asking every later
+    // instruction for each of them took seconds on large graphs): the last
+    // instruction, and the outputs, by index.
+    std::unordered_map<const c10::StorageImpl*, size_t> last_read;
+    std::unordered_map<const c10::StorageImpl*, std::vector<size_t>> output_reads;
+    std::vector<const c10::StorageImpl*> found;
+    for (size_t j = 0; j < plan.instructions.size(); ++j) {
+      found.clear();
+      for (const Slot& a : plan.instructions[j].args) storages_of(a, found, storages_of);
+      for (const c10::StorageImpl* st : found) last_read[st] = j;
+    }
+    for (size_t o = 0; o < plan.outputs.size(); ++o) {
+      found.clear();
+      storages_of(plan.outputs[o], found, storages_of);
+      for (const c10::StorageImpl* st : found) output_reads[st].push_back(o);
+    }
+    std::unordered_map<int32_t, size_t> outputs_of_value;
+    for (const Slot& o : plan.outputs) {
+      if (o.kind == Slot::Kind::Value) ++outputs_of_value[o.index];
+    }
 
     for (size_t w = 0; w < plan.write_backs.size(); ++w) {
       detail::InterpreterPlan::WriteBack& wb = plan.write_backs[w];
@@ -469,15 +491,12 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
         bool itself = a.kind == Slot::Kind::Attribute && plan.attributes[a.index].is_same(target);
         if (!itself && reads(a, storage)) safe = false;
       }
-      for (size_t j = k + 1; safe && j < plan.instructions.size(); ++j) {
-        for (const Slot& a : plan.instructions[j].args) safe = safe && !reads(a, storage);
+      if (auto it = last_read.find(storage); it != last_read.end() && it->second > k) safe = false;
+      if (auto it = output_reads.find(storage); it != output_reads.end()) {
+        for (size_t o : it->second) safe = safe && o == plan.num_user_outputs + w;
       }
-      for (size_t o = 0; safe && o < plan.outputs.size(); ++o) {
-        if (o == plan.num_user_outputs + w) continue;
-        const Slot& other = plan.outputs[o];
-        safe = !reads(other, storage) &&
-               !(other.kind == Slot::Kind::Value && other.index == result.index);
-      }
+      // No other output returns the result itself.
+      safe = safe && outputs_of_value[result.index] == 1;
       for (size_t v = 0; safe && v < plan.write_backs.size(); ++v) {
         const auto& other = plan.write_backs[v];
         safe = v == w || other.to_input || !other.buffer.defined() || !other.buffer.is_alias_of(target);
