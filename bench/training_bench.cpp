@@ -23,23 +23,16 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-// Median wall and CPU seconds per call of `fn` (one thread: LibTorch's CPU
-// autograd engine runs the backward on the calling thread). On a shared
-// machine a run waits for a core now and then; its CPU time does not count
-// the wait, so it is the steadier comparison.
-std::pair<double, double> median_wall_and_cpu(const std::function<void()>& fn, int runs, int iters) {
-  fn();
-  std::vector<double> wall, cpu;
-  for (int r = 0; r < runs; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    double c0 = thread_cpu_seconds();
-    for (int i = 0; i < iters; ++i) fn();
-    cpu.push_back((thread_cpu_seconds() - c0) / iters);
-    wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters);
-  }
-  std::sort(wall.begin(), wall.end());
-  std::sort(cpu.begin(), cpu.end());
-  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
+// Wall and CPU seconds per call of `fn` over one run of `iters` calls (one
+// thread: LibTorch's CPU autograd engine runs the backward on the calling
+// thread). On a shared machine a run waits for a core now and then; its CPU
+// time does not count the wait, so it is the steadier comparison.
+std::pair<double, double> wall_and_cpu(const std::function<void()>& fn, int iters) {
+  auto t0 = std::chrono::steady_clock::now();
+  double c0 = thread_cpu_seconds();
+  for (int i = 0; i < iters; ++i) fn();
+  return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters,
+          (thread_cpu_seconds() - c0) / iters};
 }
 
 struct TrainingCase {
@@ -92,15 +85,19 @@ void bench_case(const std::string& only, const TrainingCase& c, const std::strin
   auto planned_step = [&] { planned.run(inputs); };
 
   int iters = iterations_for(eager_step, 0.2);
-  // Interleaved rounds, best median of each: load drifts hit all three alike.
+  captured_step();  // warm up (iterations_for ran the eager step)
+  planned_step();
+  // Interleaved rounds, the best of each: load drifts hit all three alike,
+  // and a noisy neighbour only ever adds time, so the least is the closest
+  // to the step's own cost.
   std::pair<double, double> eager{1e9, 1e9}, captured{1e9, 1e9}, with_plan{1e9, 1e9};
   auto keep_best = [](std::pair<double, double>& best, std::pair<double, double> t) {
     best = {std::min(best.first, t.first), std::min(best.second, t.second)};
   };
-  for (int round = 0; round < 3; ++round) {
-    keep_best(eager, median_wall_and_cpu(eager_step, 5, iters));
-    keep_best(captured, median_wall_and_cpu(captured_step, 5, iters));
-    keep_best(with_plan, median_wall_and_cpu(planned_step, 5, iters));
+  for (int round = 0; round < 12; ++round) {
+    keep_best(eager, wall_and_cpu(eager_step, iters));
+    keep_best(captured, wall_and_cpu(captured_step, iters));
+    keep_best(with_plan, wall_and_cpu(planned_step, iters));
   }
   // Page faults a step takes: memory the heap gave back to the system
   // between steps (glibc trims the top of the heap) and takes again.
