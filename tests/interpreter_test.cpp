@@ -286,6 +286,31 @@ TEST(UpdatesInPlace, NotWhenTheNewValueIsAlsoAResult) {
   EXPECT_FALSE(out.is_alias_of(buf));
 }
 
+TEST(UpdatesInPlace, NotWhenTheOldValueIsReadAfterTheUpdate) {
+  // The new value is computed first; the old one is read afterwards, by
+  // itself or through a view: writing the new value into the buffer when
+  // it is computed would change what those reads see.
+  using Read = std::function<at::Tensor(const at::Tensor&)>;
+  for (const auto& [what, read] : std::vector<std::pair<std::string, Read>>{
+           {"itself", [](const at::Tensor& b) { return b * 3; }},
+           {"a view", [](const at::Tensor& b) { return b.view({3, 1}).slice(0, 1) * 3; }}}) {
+    GraphModule gm = updates_its_buffer([&read = read](at::Tensor& buf, const at::Tensor& x) {
+      at::Tensor next = buf.mul(0.5).add(x);
+      at::Tensor old = read(buf);
+      buf.copy_(next);
+      return c10::IValue(old);
+    });
+    at::Tensor buf = gm.attribute("buf").value;
+    at::Tensor before = buf.clone();
+    Interpreter interp(gm);
+    EXPECT_TRUE(interp.updated_in_place().empty()) << what;
+    at::Tensor x = at::arange(3, at::kFloat);
+    at::Tensor out = interp.run({x}).toTensor();
+    EXPECT_TRUE(at::equal(out, read(before))) << what << ": " << out;
+    EXPECT_TRUE(at::equal(buf, before.mul(0.5).add(x))) << what << ": " << buf;
+  }
+}
+
 TEST(UpdatesInPlace, EveryParameterAndOptimizerStateOfATrainingStep) {
   examples::Example e = examples::make("cnn_bn_train");
   GraphModule gm = export_program(*e.module, e.forward, e.make_inputs(0));
