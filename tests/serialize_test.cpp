@@ -10,6 +10,7 @@
 #include <torchcap/tracer.h>
 
 #include "sample_graphs.h"
+#include "serialize/reader.h"
 #include "serialize_fixtures.h"
 #include "zoo.h"
 
@@ -22,6 +23,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -332,6 +335,70 @@ TEST(SerializeRoundTrip, EmptyGraph) {
   gm.graph().output({});
   gm.set_flat_specs();
   expect_same_module(gm, round_trip(gm));
+}
+
+// --- Reading in one pass ----------------------------------------------------------
+
+// Note [Reading the usual file in one pass]: what the writer writes is read
+// in one pass (not by the careful reader after the first gave up), into the
+// module the careful reader makes.
+TEST(LoadInOnePass, WhatTheWriterWritesIsReadInOnePass) {
+  TempDir dir;
+  std::vector<GraphModule> modules;
+  modules.push_back(testing::small_module());
+  modules.push_back(testing::every_argument_module());
+  for (const char* name : {"resnet18", "nested_io"}) {
+    examples::Example e = examples::make(name);
+    modules.push_back(examples::trace(e));
+  }
+  for (const GraphModule& gm : modules) {
+    const std::string path = dir.file("m.tcg");
+    save(gm, path);
+    std::optional<detail::OnePassRead> read = detail::read_in_one_pass(path);
+    ASSERT_TRUE(read.has_value()) << gm.str();
+    expect_same_module(gm, read->module);
+    // The nodes array, as the Python loader cuts it out.
+    std::string bytes = save_to_string(gm);
+    const std::string json = bytes.substr(kJson, TcgFile::parse(bytes).json.size());
+    EXPECT_EQ(json.substr(read->nodes_begin, 9), "[{\"name\":");
+    EXPECT_EQ(json[read->nodes_end - 1], ']');
+    EXPECT_EQ(json.substr(read->nodes_end, 14), ",\"attributes\":");
+  }
+}
+
+// JSON the writer never writes (other key orders, white space, escapes,
+// numbers with exponents) is still JSON: the careful reader reads it, into
+// the same module.
+TEST(LoadInOnePass, OtherSpellingsOfTheSameJsonLoadTheSame) {
+  GraphModule gm = testing::every_argument_module();
+  const std::string bytes = save_to_string(gm);
+  auto respelled = [&](const std::function<std::string(const Json&)>& spell) {
+    TcgFile f = TcgFile::parse(bytes);
+    f.json = spell(Json::parse(f.json));
+    return f.bytes();
+  };
+  // Sorted keys, indented: the one-pass reader reads it too.
+  std::string indented = respelled([](const Json& doc) { return doc.dump(2); });
+  expect_same_module(gm, load_from_buffer(indented.data(), indented.size()));
+  // "nodes" before "module_stacks": read carefully.
+  std::string reordered = respelled([](const Json& doc) {
+    nlohmann::ordered_json out;
+    out["nodes"] = doc["nodes"];
+    for (auto it = doc.begin(); it != doc.end(); ++it) {
+      if (it.key() != "nodes") out[it.key()] = it.value();
+    }
+    return out.dump();
+  });
+  expect_same_module(gm, load_from_buffer(reordered.data(), reordered.size()));
+  // Non-ASCII characters as \u escapes (surrogate pairs beyond U+FFFF), and
+  // every slash as \/: the one-pass reader decodes them.
+  std::string escaped = respelled([](const Json& doc) {
+    std::string out = doc.dump(-1, ' ', true);  // non-ASCII as \u escapes
+    std::string with_slashes;
+    for (char c : out) with_slashes += c == '/' ? std::string("\\/") : std::string(1, c);
+    return with_slashes;
+  });
+  expect_same_module(gm, load_from_buffer(escaped.data(), escaped.size()));
 }
 
 // --- The example zoo ------------------------------------------------------------

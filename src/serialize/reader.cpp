@@ -18,7 +18,9 @@
 #include "graph/operator_name.h"
 #include "graph/schema_check.h"
 #include "serialize/format.h"
+#include "serialize/json_cursor.h"
 #include "serialize/json_scan.h"
+#include "serialize/reader.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
@@ -445,8 +447,100 @@ class Reader {
     file_.source = std::move(source);
   }
 
+  // The one-pass reading alone, for the Python loader (serialize/reader.h).
+  std::optional<detail::OnePassRead> read_in_one_pass_only() {
+    try {
+      read_header();
+    } catch (const FormatError&) {
+      return std::nullopt;
+    }
+    std::optional<GraphModule> gm = read_in_one_pass();
+    if (!gm) return std::nullopt;
+    return detail::OnePassRead{std::move(*gm), nodes_begin_, nodes_end_};
+  }
+
   GraphModule read() {
     read_header();
+    std::optional<GraphModule> gm = read_in_one_pass();
+    if (!gm) {
+      start_over();
+      gm = read_carefully();
+    }
+    bind(*gm);
+    return std::move(*gm);
+  }
+
+ private:
+  // Note [Reading the usual file in one pass]: a file as the writer writes
+  // it is read straight from its text, in one pass, into the graph (a
+  // format::JsonCursor: no JSON tree for the nodes, no scan before, and a
+  // stack trace that many nodes share made once). That reader is strict and
+  // says nothing: at anything unusual (a key out of the writer's order,
+  // escapes it cannot vouch for, a number beyond 64 bits) or wrong (any check
+  // that fails) it gives up, and the file is read again by the careful
+  // reader, which finds and names the problem. Both build the graph with the
+  // same functions (make_node, check_arguments, read_tensors, ...), so they
+  // agree on every file the first accepts.
+  std::optional<GraphModule> read_in_one_pass() {
+    const char* text = reinterpret_cast<const char*>(bytes_->data() + h_.json_offset);
+    if (verify_checksums_ && format::crc32(text, h_.json_size) != h_.json_crc) return std::nullopt;
+    try {
+      format::JsonCursor c(text, text + h_.json_size);
+      GraphModule gm;
+      bool nodes = false;
+      std::string key;
+      c.expect('{');
+      if (c.peek() != '}') {
+        do {
+          key.assign(c.string(scratch_));
+          c.expect(':');
+          if (format::key_since(format::keys::kDocument, key) > h_.minor ||
+              (file_.strict && !format::has_key(format::keys::kDocument, key, h_.minor))) {
+            format::JsonCursor::give_up();
+          }
+          if (doc_.contains(key) || (key == "nodes" && nodes)) format::JsonCursor::give_up();
+          if (key == "nodes") {
+            nodes = true;
+            read_module_stacks();
+            c.peek();
+            nodes_begin_ = static_cast<uint64_t>(c.position() - text);
+            read_nodes_in_one_pass(c, gm.graph());
+            nodes_end_ = static_cast<uint64_t>(c.position() - text);
+          } else if (format::key_since(format::keys::kDocument, key) < 0) {
+            c.skip_value(1);  // a later version's: skipped, as the careful reader does
+          } else {
+            if (key == "module_stacks" && nodes) format::JsonCursor::give_up();
+            std::string_view value = c.value_text(1);
+            doc_[key] = Json::parse(value.begin(), value.end());
+          }
+        } while (c.accept(','));
+      }
+      c.expect('}');
+      if (!nodes || !c.at_end()) format::JsonCursor::give_up();
+      read_tensors();
+      read_attributes();
+      finish(gm);
+      return gm;
+    } catch (const std::exception&) {
+      return std::nullopt;
+    } catch (const format::NotUsual&) {
+      return std::nullopt;
+    }
+  }
+
+  // Forgets what a reading that gave up had read.
+  void start_over() {
+    doc_ = Json();
+    scan_ = format::JsonScan();
+    tensors_.clear();
+    tensor_names_.clear();
+    attributes_.clear();
+    module_stacks_.clear();
+    nodes_apart_ = false;
+    stack_traces_.clear();
+  }
+
+  GraphModule read_carefully() {
     parse_json();
     Entry document{&file_, h_.json_offset};
     Field(doc_, document).check_keys(format::keys::kDocument);
@@ -455,6 +549,12 @@ class Reader {
     read_module_stacks();
     GraphModule gm;
     read_nodes(gm.graph());
+    finish(gm);
+    return gm;
+  }
+
+  // What follows the nodes: specs, signature, attributes and lint.
+  void finish(GraphModule& gm) {
     {
       Entry e = top_entry("in_spec");
       gm.in_spec = read_spec(Field(top_member("in_spec"), e));
@@ -478,11 +578,362 @@ class Reader {
     } catch (const LintError& e) {
       fail_at(file_, top_entry("nodes").offset, e.what());
     }
-    bind(gm);
-    return gm;
   }
 
- private:
+  // --- Nodes in one pass (Note [Reading the usual file in one pass]) ---------
+
+  [[noreturn]] static void give_up() { format::JsonCursor::give_up(); }
+
+  // The minor version that added `key` to `keys` if a file of this version
+  // may hold it, 0 for a key to skip (unknown, in a later version's file);
+  // gives up otherwise.
+  int allowed_key(const format::Keys& keys, std::string_view key) const {
+    for (const format::Key& k : keys) {
+      if (key == k.name) {
+        if (k.since > h_.minor) give_up();
+        return 1;
+      }
+    }
+    if (file_.strict) give_up();
+    return 0;
+  }
+
+  void read_nodes_in_one_pass(format::JsonCursor& c, Graph& g) {
+    c.expect('[');
+    if (c.peek() == ']') give_up();
+    do {
+      read_node_in_one_pass(c, g);
+    } while (c.accept(','));
+    c.expect(']');
+    if (g.output_node() == nullptr) give_up();
+  }
+
+  void read_node_in_one_pass(format::JsonCursor& c, Graph& g) {
+    std::string name, op, target;
+    ArgumentList args;
+    Kwargs kwargs;
+    NodeMeta meta;
+    unsigned seen = 0;
+    auto once = [&](unsigned bit) {
+      if (seen & bit) give_up();
+      seen |= bit;
+    };
+    c.expect('{');
+    if (c.peek() != '}') {
+      do {
+        std::string_view key = c.string(scratch_);
+        c.expect(':');
+        if (!allowed_key(format::keys::kNode, key)) {
+          c.skip_value(2);
+        } else if (key == "name") {
+          once(1);
+          name.assign(c.string(scratch_));
+        } else if (key == "op") {
+          once(2);
+          op.assign(c.string(scratch_));
+        } else if (key == "target") {
+          once(4);
+          target.assign(c.string(scratch_));
+        } else if (key == "args") {
+          once(8);
+          c.expect('[');
+          if (!c.accept(']')) {
+            do {
+              args.push_back(argument_in_one_pass(c, g, 3));
+            } while (c.accept(','));
+            c.expect(']');
+          }
+        } else if (key == "kwargs") {
+          once(16);
+          c.expect('[');
+          if (!c.accept(']')) {
+            do {
+              c.expect('[');
+              std::string k(c.string(scratch_));
+              c.expect(',');
+              kwargs.emplace_back(std::move(k), argument_in_one_pass(c, g, 4));
+              c.expect(']');
+            } while (c.accept(','));
+            c.expect(']');
+          }
+        } else {  // meta
+          once(32);
+          meta = node_meta_in_one_pass(c);
+        }
+      } while (c.accept(','));
+    }
+    c.expect('}');
+    if ((seen & 7) != 7) give_up();
+    auto fail = [](const char*, const std::string&) { give_up(); };
+    Node* n = make_node(g, name, op, target, std::move(args), std::move(kwargs), fail);
+    n->meta() = std::move(meta);
+    check_arguments(n, fail);
+  }
+
+  Argument argument_in_one_pass(format::JsonCursor& c, const Graph& g, int depth) {
+    switch (c.peek()) {
+      case 'n':
+        if (!c.literal("null")) give_up();
+        return Argument();
+      case 't':
+        if (!c.literal("true")) give_up();
+        return Argument(true);
+      case 'f':
+        if (!c.literal("false")) give_up();
+        return Argument(false);
+      case '"':
+        return Argument(std::string(c.string(scratch_)));
+      case '[': {
+        if (depth > format::JsonCursor::kMaxDepth) give_up();
+        c.expect('[');
+        ArgumentList list;
+        if (!c.accept(']')) {
+          do {
+            list.push_back(argument_in_one_pass(c, g, depth + 1));
+          } while (c.accept(','));
+          c.expect(']');
+        }
+        return Argument(std::move(list));
+      }
+      case '{':
+        break;
+      default: {
+        format::JsonCursor::Number n = c.number();
+        return n.is_integer ? Argument(n.i) : Argument(n.d);
+      }
+    }
+    c.expect('{');
+    std::string_view kind = c.string(scratch_);
+    std::optional<format::ArgumentTag> tag =
+        format::token_value(format::kArgumentTags, std::string(kind));
+    if (!tag) give_up();
+    c.expect(':');
+    Argument out;
+    if (*tag == format::ArgumentTag::Float && c.peek() != '"') {
+      format::JsonCursor::Number n = c.number();
+      if (n.is_integer) give_up();
+      out = Argument(n.d);
+    } else {
+      name_.assign(c.string(scratch_));
+      switch (*tag) {
+        case format::ArgumentTag::Node: {
+          Node* n = g.find(name_);
+          if (n == nullptr) give_up();
+          out = Argument(n);
+          break;
+        }
+        case format::ArgumentTag::Float: {
+          std::optional<double> d = format::nonfinite_double_from_string(name_);
+          if (!d) give_up();
+          out = Argument(*d);
+          break;
+        }
+        case format::ArgumentTag::Dtype: {
+          std::optional<c10::ScalarType> t = format::dtype_from_name(name_);
+          if (!t) give_up();
+          out = Argument(*t);
+          break;
+        }
+        case format::ArgumentTag::Device:
+          out = Argument(device_in_one_pass(name_));
+          break;
+        case format::ArgumentTag::Layout: {
+          std::optional<c10::Layout> l = format::token_value(format::kLayouts, name_);
+          if (!l) give_up();
+          out = Argument(*l);
+          break;
+        }
+        case format::ArgumentTag::MemoryFormat: {
+          std::optional<c10::MemoryFormat> m = format::token_value(format::kMemoryFormats, name_);
+          if (!m) give_up();
+          out = Argument(*m);
+          break;
+        }
+      }
+    }
+    c.expect('}');
+    return out;
+  }
+
+  static c10::Device device_in_one_pass(const std::string& s) {
+    if (s == "cpu") return c10::Device(c10::kCPU);
+    try {
+      return c10::Device(s);
+    } catch (const std::exception&) {
+      give_up();
+    }
+  }
+
+  // Sizes (each non-negative) or strides.
+  static std::vector<int64_t> dims_in_one_pass(format::JsonCursor& c, bool sizes) {
+    std::vector<int64_t> out;
+    c.expect('[');
+    if (c.accept(']')) return out;
+    do {
+      int64_t d = c.integer();
+      if (sizes && d < 0) give_up();
+      out.push_back(d);
+    } while (c.accept(','));
+    c.expect(']');
+    if (out.size() > format::kMaxTensorDims) give_up();
+    return out;
+  }
+
+  TensorMeta tensor_meta_in_one_pass(format::JsonCursor& c) {
+    TensorMeta m;
+    unsigned seen = 0;
+    c.expect('{');
+    if (c.peek() != '}') {
+      do {
+        std::string_view key = c.string(scratch_);
+        c.expect(':');
+        unsigned bit = 0;
+        if (!allowed_key(format::keys::kTensorMeta, key)) {
+          c.skip_value(6);
+        } else if (key == "dtype") {
+          bit = 1;
+          std::optional<c10::ScalarType> t = format::dtype_from_name(std::string(c.string(scratch_)));
+          if (!t) give_up();
+          m.dtype = *t;
+        } else if (key == "sizes") {
+          bit = 2;
+          m.sizes = dims_in_one_pass(c, true);
+        } else if (key == "strides") {
+          bit = 4;
+          m.strides = dims_in_one_pass(c, false);
+        } else {  // device
+          bit = 8;
+          name_.assign(c.string(scratch_));
+          m.device = device_in_one_pass(name_);
+        }
+        if (seen & bit) give_up();
+        seen |= bit;
+      } while (c.accept(','));
+    }
+    c.expect('}');
+    if (seen != 15 || m.sizes.size() != m.strides.size()) give_up();
+    return m;
+  }
+
+  ValueMeta value_meta_in_one_pass(format::JsonCursor& c) {
+    ValueMeta val;
+    unsigned seen = 0;
+    c.expect('{');
+    if (c.peek() != '}') {
+      do {
+        std::string_view key = c.string(scratch_);
+        c.expect(':');
+        unsigned bit = 0;
+        if (!allowed_key(format::keys::kValue, key)) {
+          c.skip_value(4);
+        } else if (key == "kind") {
+          bit = 1;
+          std::optional<ValueKind> k =
+              format::token_value(format::kValueKinds, std::string(c.string(scratch_)));
+          if (!k) give_up();
+          val.kind = *k;
+        } else {  // tensors
+          bit = 2;
+          c.expect('[');
+          if (!c.accept(']')) {
+            do {
+              val.tensors.push_back(tensor_meta_in_one_pass(c));
+            } while (c.accept(','));
+            c.expect(']');
+          }
+        }
+        if (seen & bit) give_up();
+        seen |= bit;
+      } while (c.accept(','));
+    }
+    c.expect('}');
+    const int want = format::value_kind_tensors(val.kind);
+    if (seen != 3 || (want >= 0 && val.tensors.size() != static_cast<size_t>(want))) give_up();
+    return val;
+  }
+
+  // Nodes of one line of the program share its stack trace, found by its text.
+  StackTrace stack_trace_in_one_pass(format::JsonCursor& c) {
+    const char* start = c.position();
+    std::string_view text = c.value_text(3);
+    auto it = stack_traces_.find(text);
+    if (it != stack_traces_.end()) return it->second;
+    format::JsonCursor frames(start, text.data() + text.size());
+    std::vector<SourceFrame> out;
+    frames.expect('[');
+    if (!frames.accept(']')) {
+      do {
+        SourceFrame f;
+        unsigned seen = 0;
+        frames.expect('{');
+        if (frames.peek() != '}') {
+          do {
+            std::string_view key = frames.string(scratch_);
+            frames.expect(':');
+            unsigned bit = 0;
+            if (!allowed_key(format::keys::kFrame, key)) {
+              frames.skip_value(5);
+            } else if (key == "file") {
+              bit = 1;
+              f.file.assign(frames.string(scratch_));
+            } else if (key == "line") {
+              bit = 2;
+              int64_t line = frames.integer();
+              if (line < 0 || line > std::numeric_limits<int>::max()) give_up();
+              f.line = static_cast<int>(line);
+            } else if (key == "function") {
+              bit = 4;
+              f.function.assign(frames.string(scratch_));
+            } else {  // code
+              bit = 8;
+              f.code.assign(frames.string(scratch_));
+            }
+            if (seen & bit) give_up();
+            seen |= bit;
+          } while (frames.accept(','));
+        }
+        frames.expect('}');
+        if ((seen & 7) != 7) give_up();
+        out.push_back(std::move(f));
+      } while (frames.accept(','));
+      frames.expect(']');
+    }
+    StackTrace trace = StackTrace::from_frames(std::move(out));
+    stack_traces_.emplace(text, trace);
+    return trace;
+  }
+
+  NodeMeta node_meta_in_one_pass(format::JsonCursor& c) {
+    NodeMeta meta;
+    unsigned seen = 0;
+    c.expect('{');
+    if (c.peek() != '}') {
+      do {
+        std::string_view key = c.string(scratch_);
+        c.expect(':');
+        unsigned bit = 0;
+        if (!allowed_key(format::keys::kMeta, key)) {
+          c.skip_value(3);
+        } else if (key == "val") {
+          bit = 1;
+          meta.val = value_meta_in_one_pass(c);
+        } else if (key == "stack_trace") {
+          bit = 2;
+          meta.stack_trace = stack_trace_in_one_pass(c);
+        } else {  // module_stack
+          bit = 4;
+          int64_t index = c.integer();
+          if (index < 0 || static_cast<uint64_t>(index) >= module_stacks_.size()) give_up();
+          meta.module_stack = module_stacks_[static_cast<size_t>(index)];
+        }
+        if (seen & bit) give_up();
+        seen |= bit;
+      } while (c.accept(','));
+    }
+    c.expect('}');
+    return meta;
+  }
+
   // Binds LoadOptions::weights. A weightless file loaded without weights
   // keeps its meta tensors (it can be shown, not run); given weights, every
   // weightless tensor needs one. The file's name leads the message.
@@ -988,9 +1439,83 @@ class Reader {
     return *handle;
   }
 
-  // One node: reads its fields, makes it with the graph's own API (which
-  // checks names and resolves the operator) and checks its arguments against
-  // the schema, as lint would at the end, so the message points at it.
+  // Makes one node from its fields with the graph's own API (which checks
+  // names and resolves the operator). `fail(key, what)` reports a problem
+  // with the node's member `key` (nullptr: the node itself) and does not
+  // return.
+  template <typename Fail>
+  Node* make_node(Graph& g, const std::string& name, const std::string& op,
+                  const std::string& target, ArgumentList args, Kwargs kwargs, Fail&& fail) {
+    if (g.output_node() != nullptr) fail(nullptr, "the node comes after the output node");
+    auto no_arguments = [&](const char* what) {
+      if (!args.empty() || !kwargs.empty()) fail(nullptr, std::string(what) + " takes no arguments");
+    };
+    Node* n = nullptr;
+    const std::optional<OpCode> opcode = format::token_value(format::kOpcodes, op);
+    try {
+      if (!opcode) fail("op", "unknown opcode '" + op + "'");
+      switch (*opcode) {
+        case OpCode::Placeholder:
+          no_arguments("a placeholder");
+          if (target.empty()) fail("target", "the placeholder's target is empty");
+          n = g.placeholder(target, name);
+          break;
+        case OpCode::GetAttr:
+          no_arguments("get_attr");
+          n = g.get_attr(target, name);
+          break;
+        case OpCode::CallFunction:
+          if (target != format::kGetItemTarget) {
+            if (auto handle = find_operator(target)) {
+              n = g.call_function(*handle, std::move(args), std::move(kwargs), name);
+            } else {
+              n = g.call_function(target, std::move(args), std::move(kwargs), name);
+            }
+            break;
+          }
+          if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
+            fail("args", "getitem takes (node, index)");
+          }
+          n = g.getitem(args[0].to_node(), args[1].to_int(), name);
+          break;
+        case OpCode::Output:
+          if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
+            fail("args", "the output takes one argument, the list of results");
+          }
+          if (target != format::kOutputTarget) fail("target", "the output's target is 'output'");
+          n = g.output(args[0].to_list());
+          break;
+      }
+    } catch (const FormatError&) {
+      throw;
+    } catch (const Error& ex) {
+      // call_function: no such operator; get_attr: empty path.
+      std::string what = ex.what();
+      if (opcode == OpCode::CallFunction && is_custom_operator(target) && n == nullptr) {
+        // Note [Custom operators]: registered only once their library is loaded.
+        what += "; load the library that defines it first (dlopen it or link it into the "
+                "program, as torch.ops.load_library does in Python)";
+      }
+      fail(nullptr, what);
+    }
+    if (n->name() != name) fail("name", "duplicate or invalid node name '" + name + "'");
+    return n;
+  }
+
+  // Checks a made node's arguments against its schema, as lint would at the
+  // end, so that the message points at the node.
+  template <typename Fail>
+  static void check_arguments(const Node* n, Fail&& fail) {
+    std::string problem;
+    if (n->is_operator()) {
+      problem = detail::check_schema_arguments(*n, n->schema());
+    } else if (n->is_getitem()) {
+      problem = detail::check_getitem(*n);
+    }
+    if (!problem.empty()) fail(nullptr, problem);
+  }
+
+  // One node: reads its fields and makes it, checked as it is made.
   void read_node(const Field& node, Entry& e, Graph& g) {
     node.object().check_keys(format::keys::kNode);
     const std::string& name = node["name"].string();
@@ -1017,70 +1542,13 @@ class Reader {
         kwargs.emplace_back(p[0].get<std::string>(), argument(pair[size_t{1}], g));
       }
     }
-
-    if (g.output_node() != nullptr) node.fail("the node comes after the output node");
-    auto no_arguments = [&](const char* what) {
-      if (!args.empty() || !kwargs.empty()) node.fail(std::string(what) + " takes no arguments");
+    auto fail = [&](const char* key, const std::string& what) {
+      if (key == nullptr) node.fail(what);
+      node[key].fail(what);
     };
-    Node* n = nullptr;
-    const std::optional<OpCode> opcode = format::token_value(format::kOpcodes, op);
-    try {
-      if (!opcode) node["op"].fail("unknown opcode '" + op + "'");
-      switch (*opcode) {
-        case OpCode::Placeholder:
-          no_arguments("a placeholder");
-          if (target.empty()) node["target"].fail("the placeholder's target is empty");
-          n = g.placeholder(target, name);
-          break;
-        case OpCode::GetAttr:
-          no_arguments("get_attr");
-          n = g.get_attr(target, name);
-          break;
-        case OpCode::CallFunction:
-          if (target != format::kGetItemTarget) {
-            if (auto handle = find_operator(target)) {
-              n = g.call_function(*handle, std::move(args), std::move(kwargs), name);
-            } else {
-              n = g.call_function(target, std::move(args), std::move(kwargs), name);
-            }
-            break;
-          }
-          if (args.size() != 2 || !kwargs.empty() || !args[0].is_node() || !args[1].is_int()) {
-            node["args"].fail("getitem takes (node, index)");
-          }
-          n = g.getitem(args[0].to_node(), args[1].to_int(), name);
-          break;
-        case OpCode::Output:
-          if (args.size() != 1 || !args[0].is_list() || !kwargs.empty()) {
-            node["args"].fail("the output takes one argument, the list of results");
-          }
-          if (target != format::kOutputTarget) {
-            node["target"].fail("the output's target is 'output'");
-          }
-          n = g.output(args[0].to_list());
-          break;
-      }
-    } catch (const FormatError&) {
-      throw;
-    } catch (const Error& ex) {
-      // call_function: no such operator; get_attr: empty path.
-      std::string what = ex.what();
-      if (opcode == OpCode::CallFunction && is_custom_operator(target) && n == nullptr) {
-        // Note [Custom operators]: registered only once their library is loaded.
-        what += "; load the library that defines it first (dlopen it or link it into the "
-                "program, as torch.ops.load_library does in Python)";
-      }
-      node.fail(what);
-    }
-    if (n->name() != name) node["name"].fail("duplicate or invalid node name '" + name + "'");
+    Node* n = make_node(g, name, op, target, std::move(args), std::move(kwargs), fail);
     if (auto meta = node.find("meta")) n->meta() = node_meta(*meta);
-    std::string problem;
-    if (n->is_operator()) {
-      problem = detail::check_schema_arguments(*n, n->schema());
-    } else if (n->is_getitem()) {
-      problem = detail::check_getitem(*n);
-    }
-    if (!problem.empty()) node.fail(problem);
+    check_arguments(n, fail);
   }
 
   void read_nodes(Graph& g) {
@@ -1205,6 +1673,11 @@ class Reader {
   std::vector<ModuleStack> module_stacks_;
   std::unordered_map<std::string, c10::OperatorHandle> operators_;
   bool nodes_apart_ = false;  // Note [Reading the nodes one at a time]
+  // Note [Reading the usual file in one pass]: stack traces by their text,
+  // and strings being read.
+  std::unordered_map<std::string_view, StackTrace> stack_traces_;
+  std::string scratch_, name_;
+  uint64_t nodes_begin_ = 0, nodes_end_ = 0;  // of the "nodes" array, in the JSON
 };
 
 std::string errno_message() { return std::strerror(errno); }
@@ -1222,6 +1695,28 @@ GraphModule load_from_buffer(const void* data, size_t size, const std::string& s
                              const LoadOptions& options) {
   auto bytes = std::make_shared<AlignedCopy>(data, size);
   return Reader(source, std::move(bytes), options).read();
+}
+
+std::optional<detail::OnePassRead> detail::read_in_one_pass(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return std::nullopt;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) < format::kHeaderSize) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (addr == MAP_FAILED) return std::nullopt;
+  LoadOptions options;
+  options.verify_checksums = false;  // the caller verifies them
+  try {
+    return Reader(path, std::make_shared<MappedFile>(addr, size), options).read_in_one_pass_only();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
 }
 
 GraphModule load(const std::string& path, const LoadOptions& options) {
