@@ -9,6 +9,11 @@ It does not check operator schemas: a call with arguments that do not fit its
 operator fails when the module runs, as any torch.fx call would. The C++
 loader (torchcap::load) checks schemas as well.
 
+With the compiled part (torchcap._C) the graph of a usual file is read by the
+C++ loader instead, and the rest here; without it, or for any file that reader
+does not take, everything is read here (Note [The graph read in C++]). Both
+ways make the same GraphModule, and the same messages.
+
 Tensors are not copied: the file is mapped copy-on-write (mmap.ACCESS_COPY)
 and each tensor is a view of the mapping, which stays open as long as a tensor
 uses it. Writing to a tensor changes this process's copy of the page only.
@@ -30,10 +35,17 @@ import torch
 import torch.fx
 import torch.utils._pytree as _pytree
 from torch.fx.graph import CodeGen
+from torch.fx.immutable_collections import immutable_dict as _immutable_dict
+from torch.fx.immutable_collections import immutable_list as _immutable_list
 from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 
 from torchcap._errors import WeightError
 from torchcap._format_tables import TABLES as _TABLES
+
+try:  # the compiled part reads the graph faster (Note [The graph read in C++])
+    from torchcap._C import read_graph as _read_graph_in_cpp
+except ImportError:
+    _read_graph_in_cpp = None
 
 # Note [Wire tokens] in src/serialize/format.h: the format's constants and
 # token tables come from the C++ ones (_format_tables.py is generated from
@@ -265,9 +277,11 @@ def _attribute_expression(path, root="self"):
 
 
 class _Reader:
-    def __init__(self, path, buf, verify_checksums=True):
+    def __init__(self, path, buf, verify_checksums=True, graph=None):
         self.path = path
         self.buf = buf
+        # What _C.read_graph returned, or None (Note [The graph read in C++]).
+        self.graph_from_cpp = graph
         self.verify = verify_checksums
         self.checksums = False
         self.strict = True
@@ -365,6 +379,10 @@ class _Reader:
             if crc != self.json_crc:
                 self.fail(self.json_offset, f"the JSON section is damaged: its CRC-32 is "
                                             f"0x{crc:08x}, the header records 0x{self.json_crc:08x}")
+        if self.graph_from_cpp is not None:
+            # The nodes are read already: the rest of the document, without them.
+            begin, end = self.graph_from_cpp[0], self.graph_from_cpp[1]
+            raw = raw[:begin] + b"[]" + raw[end:]
         nul = raw.find(b"\0")
         if nul >= 0:
             self.fail(self.json_offset + nul, "the JSON section contains a NUL byte")
@@ -792,6 +810,9 @@ class _Reader:
             node.meta["nn_module_stack"] = dict(self.module_stacks[index])
 
     def read_nodes(self):
+        if self.graph_from_cpp is not None:
+            self.read_nodes_from_cpp()
+            return
         nodes = self.expect(self.top("nodes"), "array", self.json_offset, "'nodes': ")
         graph = torch.fx.Graph()
         env, output, seen_other = {}, None, False
@@ -880,6 +901,132 @@ class _Reader:
             self.fail(self.element_offset("nodes", len(nodes)), "'nodes': the graph has no output "
                                                                 "node")
         self.graph, self.output, self.env = graph, output, env
+
+    def read_nodes_from_cpp(self):
+        """The nodes _C.read_graph read (Note [The graph read in C++]).
+
+        Each node is what read_nodes would make of it, made without
+        Graph.create_node where torch.fx would keep its name (as it does for
+        nearly every node): a Node made by hand costs a third as much. Raises
+        _NotUsual at anything read_nodes would do otherwise, and the file is
+        read again without the compiled part.
+        """
+        _, _, raw_nodes, raw_vals = self.graph_from_cpp
+        graph = torch.fx.Graph()
+        namespace = graph._graph_namespace
+        used, named = namespace._used_names, namespace._obj_to_name
+        illegal = _fx_illegal_names()
+        root, new_node, node_class = graph._root, torch.fx.Node.__new__, torch.fx.Node
+        metas = [self.value_from_cpp(v) for v in raw_vals]
+        operators = {}
+        nodes, env, output = [], {}, None
+
+        def convert(a, inputs):
+            kind = type(a)
+            if kind is tuple:
+                if len(a) == 1:
+                    n = nodes[a[0]]
+                    inputs[n] = None
+                    return n
+                tag, name = a
+                if tag == "device":
+                    return torch.device(name)
+                return _TYPED_ARGUMENTS[tag][name]
+            if kind is list:
+                return _immutable_list([convert(v, inputs) for v in a])
+            return a
+
+        for name, op, target, raw_args, raw_kwargs, val, stack, modules in raw_nodes:
+            if output is not None:
+                raise _NotUsual()
+            inputs = {}
+            args = []
+            for a in raw_args:
+                if type(a) is tuple and len(a) == 1:  # a node: the common case, inline
+                    n = nodes[a[0]]
+                    inputs[n] = None
+                    args.append(n)
+                else:
+                    args.append(convert(a, inputs))
+            args = tuple(args)
+            # Node.__init__ makes kwargs an immutable_dict, and lists immutable_lists.
+            kwargs = _immutable_dict(() if raw_kwargs is None else
+                                     ((k, convert(v, inputs)) for k, v in raw_kwargs))
+            if op == "call_function":
+                if target == "getitem":
+                    fn = operator.getitem
+                else:
+                    fn = operators.get(target)
+                    if fn is None:
+                        try:
+                            fn = operators[target] = self.operator(target, 0, "")
+                        except ValueError:
+                            raise _NotUsual() from None
+                target = fn
+            elif op == "placeholder":
+                target = name
+            elif op == "output":
+                if len(args) != 1 or not all(isinstance(a, node_class) for a in args[0]):
+                    raise _NotUsual()
+                node = output = graph.output(list(args[0]))
+            if output is None:
+                if (name in used or name in illegal
+                        or ("0" <= name[-1] <= "9" and _fx_renames_suffix(name))):
+                    # torch.fx renames it: its own way, as read_nodes does.
+                    node = graph.create_node(op, target, args, dict(kwargs), name=name)
+                else:
+                    # What Graph.create_node and Node.__init__ do, in their order.
+                    node = new_node(node_class)
+                    node.graph, node.name, node.op, node.target = graph, name, op, target
+                    node._input_nodes = inputs
+                    node._args, node._kwargs = args, kwargs
+                    node.users = {}
+                    node.type = None
+                    node._prev = node._next = node
+                    node._erased = False
+                    node._repr_fn = None
+                    node.meta = {}
+                    for n in inputs:
+                        n.users[node] = None
+                    used[name] = 0
+                    named[node] = name
+                    # graph._insert(node), at the end of a new graph: root.prepend(node).
+                    last = root._prev
+                    last._next, node._prev = node, last
+                    node._next, root._prev = root, node
+                    graph._len += 1
+            meta = node.meta
+            if val >= 0:
+                kind, tensors = metas[val]
+                if kind == "tensor":
+                    shape, dtype, stride = tensors[0]
+                    meta["tensor_meta"] = _TensorMetadata(shape, dtype, False, stride, None,
+                                                          False, {})
+                elif kind == "tuple":
+                    meta["tensor_meta"] = tuple(_TensorMetadata(shape, dtype, False, stride, None,
+                                                                False, {})
+                                                for shape, dtype, stride in tensors)
+                elif kind == "list":
+                    meta["tensor_meta"] = [_TensorMetadata(shape, dtype, False, stride, None,
+                                                           False, {})
+                                           for shape, dtype, stride in tensors]
+            if stack is not None:
+                meta["stack_trace"] = stack
+            if modules is not None:
+                meta["nn_module_stack"] = dict(modules)
+            nodes.append(node)
+            env[name] = node
+        if output is None:
+            raise _NotUsual()
+        self.graph, self.output, self.env = graph, output, env
+
+    @staticmethod
+    def value_from_cpp(val):
+        """(kind, ((shape, dtype, stride), ...)) of a value _C.read_graph describes;
+        TensorMetadata of its nodes share them (all three are immutable)."""
+        kind, tensors = val
+        return kind, tuple((torch.Size(sizes), _DTYPES[dtype], tuple(strides))
+                           for dtype, sizes, strides in tensors)
 
     # --- Specs ----------------------------------------------------------------
 
@@ -1079,6 +1226,29 @@ def _generated_code(self):
 
 def _set_generated_code(self, src):
     self.__dict__["_torchcap_source"] = src
+
+
+class _NotUsual(Exception):
+    """The graph _C.read_graph read needs reading the Python way (Note [The graph
+    read in C++])."""
+
+
+# Arguments _C.read_graph gives as (tag, name), by tag and name.
+_TYPED_ARGUMENTS = {"dtype": _DTYPES, "layout": _LAYOUTS, "memory_format": _MEMORY_FORMATS}
+
+
+def _fx_illegal_names():
+    """The names torch.fx's namespace refuses for a node (it renames them)."""
+    import builtins
+    from torch.fx.graph import _custom_builtins
+    return frozenset(keyword.kwlist) | frozenset(builtins.__dict__) | frozenset(_custom_builtins)
+
+
+def _fx_renames_suffix(name):
+    """Whether torch.fx rewrites the number at the end of `name` ("add_01" -> "add_1"):
+    a number after the last underscore with a leading zero (names are ASCII)."""
+    number = name[name.rfind("_") + 1:]
+    return "_" in name and len(number) > 1 and number[0] == "0" and number.isdigit()
 
 
 class _FastNodes:
@@ -1560,17 +1730,33 @@ def load(path, verify_checksums=True, weights=None, strict=True):
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{path}: not a regular file")
-    with open(path, "rb") as f:
-        if st.st_size < _HEADER_SIZE:
-            buf = f.read()  # an empty file cannot be mapped
-        else:
-            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     # Loading a big graph makes millions of objects that all stay alive, and
     # each collection the allocations trigger walks all of them: a third of
     # the time for a 200,000-node graph. None can be garbage before the end.
     collecting = gc.isenabled()
     gc.disable()
     try:
+        graph = None
+        with open(path, "rb") as f:
+            if st.st_size < _HEADER_SIZE:
+                buf = f.read()  # an empty file cannot be mapped
+            else:
+                buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                # Note [The graph read in C++]: with the compiled part, the
+                # C++ reader reads the nodes (in one pass, checking what the
+                # C++ loader checks, which is more than this module does) and
+                # gives them as tuples; Python's json then reads only the rest
+                # of the document. At anything unusual, and at any problem,
+                # the file is read again here alone, which says what is wrong
+                # in its own words. The C++ reader reads the file opened
+                # here, whatever may have replaced it at `path` since.
+                if _read_graph_in_cpp is not None:
+                    graph = _read_graph_in_cpp(f"/proc/self/fd/{f.fileno()}")
+        if graph is not None:
+            try:
+                return _Reader(path, buf, verify_checksums, graph).read(weights, strict)
+            except Exception:  # noqa: BLE001 - read again, the careful way
+                pass
         return _Reader(path, buf, verify_checksums).read(weights, strict)
     except RecursionError:
         raise ValueError(f"{path}: the JSON nests too deeply") from None

@@ -10,6 +10,7 @@
 // The Python front end (torchcap/_trace.py) turns the returned GraphModule
 // into a torch.fx.GraphModule (build_fx, Note [Building the torch.fx graph
 // directly]) whose attributes are the traced tensors themselves.
+#include "python/load_bindings.h"
 #include "python/python_source.h"
 
 #include <torchcap/error.h>
@@ -627,6 +628,7 @@ PYBIND11_MODULE(_C, m) {
       .def("__copy__", [](py::object self) { return self; })
       .def("__deepcopy__", [](py::object self, py::object) { return self; });
 
+  register_load_bindings(m);
   m.def("save_fx", [](const py::list& nodes, const py::list& attributes, const std::string& path) {
     GraphModule gm = FxReader().read(nodes, attributes);
     py::gil_scoped_release no_gil;

@@ -15,7 +15,11 @@ import pytest
 import torch
 import torch.fx
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
+# The package under test: the source tree's (pure Python) unless
+# TORCHCAP_PYTHON_PACKAGE names another, such as a build tree's with the
+# compiled part (which reads the graph in C++: Note [The graph read in C++]).
+sys.path.insert(0, os.environ.get("TORCHCAP_PYTHON_PACKAGE",
+                                  str(pathlib.Path(__file__).resolve().parents[2] / "python")))
 import torchcap  # noqa: E402
 
 
@@ -80,6 +84,61 @@ def test_every_zoo_example_reads_the_same_without_the_fast_path(files, monkeypat
             assert (a.name, a.op, a.target, str(a.args), str(a.kwargs)) == (
                 b.name, b.op, b.target, str(b.args), str(b.kwargs)), name
             assert a.meta == b.meta, f"{name}: %{a.name}"
+
+
+def assert_same_fx_graph(a, b, where):
+    """Node for node, as torch.fx holds them: names, targets, arguments and
+    their containers, metadata, users and inputs in order, attributes."""
+    assert a.graph._len == b.graph._len, where
+    for x, y in zip(a.graph.nodes, b.graph.nodes):
+        at = f"{where}: %{x.name}"
+        assert (x.name, x.op, x.target, x.type) == (y.name, y.op, y.target, y.type), at
+        assert repr(x.args) == repr(y.args) and repr(x.kwargs) == repr(y.kwargs), at
+        assert type(x.kwargs) is type(y.kwargs), at
+        assert [type(v) for v in x.args] == [type(v) for v in y.args], at
+        assert x.meta == y.meta and list(x.meta) == list(y.meta), at
+        assert [u.name for u in x.users] == [u.name for u in y.users], at
+        assert [n.name for n in x.all_input_nodes] == [n.name for n in y.all_input_nodes], at
+        assert list(vars(x)) == list(vars(y)), at
+    namespaces = a.graph._graph_namespace, b.graph._graph_namespace
+    assert namespaces[0]._used_names == namespaces[1]._used_names, where
+    assert sorted(namespaces[0]._obj_to_name.values()) == sorted(
+        namespaces[1]._obj_to_name.values()), where
+    assert [(k, type(v)) for k, v in a.named_buffers()] == [
+        (k, type(v)) for k, v in b.named_buffers()], where
+    assert [k for k, _ in a.named_parameters()] == [k for k, _ in b.named_parameters()], where
+
+
+def test_the_graph_read_in_cpp_is_the_graph_read_in_python(files, tmp_path, monkeypatch):
+    # Note [The graph read in C++]: with the compiled part, every fixture's
+    # graph is read in C++ (none falls back), into the module the pure Python
+    # reader makes.
+    if torchcap._load._read_graph_in_cpp is None:
+        pytest.skip("the package under test has no compiled part")
+    # Names torch.fx renames: a builtin's, and numbers with a leading zero.
+    doc, data = sections((files / "small.tcg").read_bytes())
+    text = json.dumps(doc, separators=(",", ":"))
+    assert doc["nodes"][3]["name"] == "add"
+    (tmp_path / "renamed.tcg").write_bytes(rebuild_text(
+        text.replace('"add"', '"ValueError"').encode(), data))
+    (tmp_path / "zero.tcg").write_bytes(rebuild_text(
+        text.replace('"add"', '"add_01"').encode(), data))
+    # (custom_op.tcg needs its library loaded first: test_custom_operators_...)
+    paths = sorted(p for p in files.glob("*.tcg") if p.name != "custom_op.tcg") + [
+        tmp_path / "renamed.tcg", tmp_path / "zero.tcg"]
+    read_in_cpp = []
+    original = torchcap._load._Reader.read_nodes_from_cpp
+    monkeypatch.setattr(torchcap._load._Reader, "read_nodes_from_cpp",
+                        lambda self: (original(self), read_in_cpp.append(1)))
+    compiled = {path: torchcap.load(path) for path in paths}
+    assert len(read_in_cpp) == len(paths)
+    assert [n.name for n in compiled[tmp_path / "renamed.tcg"].graph.nodes][3] == "ValueError_1"
+    assert [n.name for n in compiled[tmp_path / "zero.tcg"].graph.nodes][3] == "add_1"
+    monkeypatch.setattr(torchcap._load, "_read_graph_in_cpp", None)
+    for path in paths:
+        python = torchcap.load(path)
+        assert_same_fx_graph(compiled[path], python, path.name)
+        assert compiled[path].code == python.code, path.name
 
 
 def test_code_is_generated_on_first_use(files):
