@@ -525,6 +525,29 @@ TEST(Save, IntoAMissingDirectoryFailsCleanly) {
   }
 }
 
+// Note [The depth of the written JSON]: a spec nested deeper than the
+// format's JSON depth limit is refused on saving, not written for load to
+// refuse.
+TEST(Save, SpecsNestedTooDeepAreRefused) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  g.output({g.placeholder("x")});
+  gm.set_flat_specs();
+  TreeSpec deep = TreeSpec::leaf();
+  for (int i = 0; i < 32; ++i) deep = TreeSpec::tuple({deep});
+  gm.in_spec = deep;  // its leaf 66 levels deep: the document, and 2 per tuple
+  try {
+    save_to_string(gm);
+    FAIL() << "saved a spec nested deeper than the format allows";
+  } catch (const FormatError& e) {
+    EXPECT_STREQ(e.what(),
+                 "save: the graph's argument lists or specs nest deeper than the format allows "
+                 "(64 JSON levels)");
+  }
+  gm.in_spec = deep.children()[0];
+  EXPECT_NO_THROW(save_to_string(gm));  // one tuple less: 64 levels, the most allowed
+}
+
 TEST(Save, NonUtf8StringArgumentIsRefused) {
   GraphModule gm;
   Graph& g = gm.graph();

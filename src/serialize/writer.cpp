@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cerrno>
@@ -127,9 +128,15 @@ const std::string& checked_utf8(const std::string& s, const Node* n) {
 
 // Arguments nest only as deep as their lists; the depth limit on the whole
 // document (checked after writing) bounds this recursion for the reader.
-void write_argument(JsonText& out, const Argument& a, const Node* n) {
+// `level` is the JSON nesting level a container written here would have;
+// `deepest` receives the deepest written.
+void write_argument(JsonText& out, const Argument& a, const Node* n, int level, int& deepest) {
   using format::ArgumentTag;
-  switch (a.storage().index()) {
+  const size_t kind = a.storage().index();
+  if (kind == 1 || kind >= 6 || (kind == 3 && !std::isfinite(a.to_double()))) {
+    deepest = std::max(deepest, level);  // a list, or a {"tag": ...} object
+  }
+  switch (kind) {
     case 0:
       out.raw("null");
       return;
@@ -177,7 +184,7 @@ void write_argument(JsonText& out, const Argument& a, const Node* n) {
       for (const Argument& e : a.to_list()) {
         if (!first) out.raw(",");
         first = false;
-        write_argument(out, e, n);
+        write_argument(out, e, n, level + 1, deepest);
       }
       out.raw("]");
       return;
@@ -346,7 +353,11 @@ class Writer {
     Json stacks = module_stacks_json();
     if (!stacks.empty()) json_ += "\"module_stacks\":" + stacks.dump() + ",";
     json_ += "\"nodes\":";
-    append_nodes(json_);
+    // Note [The depth of the written JSON]: the nodes' objects nest no more
+    // than 8 levels; only argument lists may nest deeper, and append_nodes
+    // says how deep. The rest, written as trees, is scanned for its depth;
+    // the nodes' text, most of a big graph's, needs no second pass.
+    const int node_depth = append_nodes(json_);
     Json doc = Json::object();
     Json attributes = Json::array();
     for (const Attribute& a : gm_.attributes()) {
@@ -372,10 +383,13 @@ class Writer {
       doc["signature"] = Json{{"outputs", std::move(outputs)}};
     }
 
-    json_ += "," + doc.dump().substr(1);  // without its "{"
-    format::JsonScan scan = format::scan_json(json_.data(), json_.size(), format::kMaxJsonDepth);
+    const std::string rest = doc.dump();
+    json_ += "," + rest.substr(1);  // without its "{"
+    // The module stack table is a fixed 4 levels deep; the rest is a document
+    // of its own, and nests as it does here.
+    format::JsonScan scan = format::scan_json(rest.data(), rest.size(), format::kMaxJsonDepth);
     TORCH_INTERNAL_ASSERT(!scan.nul, "nlohmann::json wrote a raw NUL byte");
-    if (scan.too_deep) {
+    if (scan.too_deep || node_depth > format::kMaxJsonDepth) {
       fail("the graph's argument lists or specs nest deeper than the format allows (" +
            std::to_string(format::kMaxJsonDepth) + " JSON levels)");
     }
@@ -418,8 +432,10 @@ class Writer {
 
  private:
   // Appends the `nodes` array to `out`, a node at a time (Note [Writing the
-  // nodes as text]).
-  void append_nodes(std::string& text) {
+  // nodes as text]); returns the deepest JSON level written (Note [The depth
+  // of the written JSON]).
+  int append_nodes(std::string& text) {
+    int deepest = 8;  // "meta": {"val": {"tensors": [{"sizes": [...]}]}}
     JsonText out(text);
     out.raw("[");
     bool first = true;
@@ -432,7 +448,7 @@ class Writer {
       out.raw(",").key("args").raw("[");
       for (size_t i = 0; i < n->args().size(); ++i) {
         if (i > 0) out.raw(",");
-        write_argument(out, n->args()[i], n);
+        write_argument(out, n->args()[i], n, 5, deepest);  // document, nodes, node, args
       }
       out.raw("]");
       if (!n->kwargs().empty()) {
@@ -442,7 +458,7 @@ class Writer {
           if (!first_kwarg) out.raw(",");
           first_kwarg = false;
           out.raw("[").string(checked_utf8(k, n)).raw(",");
-          write_argument(out, v, n);
+          write_argument(out, v, n, 6, deepest);  // ..., node, kwargs, pair
           out.raw("]");
         }
         out.raw("]");
@@ -451,6 +467,7 @@ class Writer {
       out.raw("}");
     }
     out.raw("]");
+    return deepest;
   }
 
   // The distinct module stacks of the nodes, in order of first use. Nodes
