@@ -49,13 +49,18 @@ void GraphModule::set_graph(std::unique_ptr<Graph> g) {
 
 void GraphModule::set_attribute(const std::string& name, at::Tensor value, AttributeKind kind) {
   if (name.empty()) throw Error("set_attribute: the attribute name is empty");
-  auto it = attribute_index_.find(name);
-  if (it != attribute_index_.end()) {
+  // One lookup: a tracer sets an attribute per parameter it meets.
+  auto [it, added] = attribute_index_.emplace(name, attributes_.size());
+  if (!added) {
     attributes_[it->second] = Attribute{name, std::move(value), kind};
     return;
   }
-  attribute_index_.emplace(name, attributes_.size());
-  attributes_.push_back(Attribute{name, std::move(value), kind});
+  try {
+    attributes_.push_back(Attribute{name, std::move(value), kind});
+  } catch (...) {
+    attribute_index_.erase(it);
+    throw;
+  }
 }
 
 bool GraphModule::has_attribute(const std::string& name) const {

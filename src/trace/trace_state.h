@@ -15,20 +15,37 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace torchcap {
 namespace detail {
 
-// A named tensor of the traced module: a parameter or a buffer.
+// A named tensor of the traced module: a parameter or a buffer. `name`
+// points into the ModuleState the trace was given, which outlives it.
 struct ModuleTensor {
-  std::string name;
+  const std::string* name;
   AttributeKind kind;
+};
+
+// The traced module's named tensors by identity; tied tensors keep the first
+// name. One sorted array, built per trace: a hash map would allocate a node
+// per parameter, and each is looked up once per trace.
+class ModuleTensors {
+ public:
+  ModuleTensors() = default;
+  explicit ModuleTensors(const ModuleState& state);
+
+  // The named tensor `t` is, or nullptr.
+  const ModuleTensor* find(const c10::TensorImpl* t) const;
+
+ private:
+  std::vector<std::pair<const c10::TensorImpl*, ModuleTensor>> sorted_;
 };
 
 class TraceState {
  public:
   TraceState(const TraceOptions& options,
-             std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors);
+             ModuleTensors module_tensors);
   ~TraceState();
   TraceState(const TraceState&) = delete;
   TraceState& operator=(const TraceState&) = delete;
@@ -77,8 +94,8 @@ class TraceState {
  private:
   struct Known {
     at::Tensor tensor;  // strong reference: identity by address needs it alive
-    std::string name;
-    Node* node;
+    Node* attribute;    // its get_attr node, whose target is the attribute's name
+    Node* node;         // the node holding its current value
     bool snapshotted = false;
   };
   Node* getitem_for(Node* source, int64_t index);
@@ -86,7 +103,7 @@ class TraceState {
   uint64_t id_;
   const TraceOptions& options_;
   GraphModule module_;
-  std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors_;
+  ModuleTensors module_tensors_;
   std::unordered_map<c10::TensorImpl*, Known> known_;
   // Meta stand-ins of plain tensors, beside a strong reference to each.
   std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> stand_ins_;
@@ -113,8 +130,6 @@ class TraceScope {
   std::optional<c10::impl::IncludeDispatchKeyGuard> include_tracer_;
 };
 
-// Named tensors by identity; tied tensors keep the first name.
-std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleState& state);
 
 // Traces `fn` on `inputs`; `state` names the program's parameters and
 // buffers. Every public trace() ends here.

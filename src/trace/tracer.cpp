@@ -13,7 +13,9 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/api/include/torch/nn/module.h>
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <optional>
 
 namespace torchcap {
@@ -65,7 +67,7 @@ TracingSession::TracingSession(TraceState* state, bool inference_mode, bool capt
 TracingSession::~TracingSession() = default;
 
 TraceState::TraceState(const TraceOptions& options,
-                       std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors)
+                       ModuleTensors module_tensors)
     : id_(next_trace_id++), options_(options), module_tensors_(std::move(module_tensors)) {
   if (tls_current != nullptr) {
     // Note [Nested traces]
@@ -142,21 +144,21 @@ Node* TraceState::node_for(const at::Tensor& t, c10::function_ref<std::string()>
   auto it = known_.find(t.unsafeGetTensorImpl());
   if (it != known_.end()) return it->second.node;
 
-  std::string name;
+  std::string constant;
+  const std::string* name = &constant;
   AttributeKind kind = AttributeKind::Constant;
-  auto named = module_tensors_.find(t.unsafeGetTensorImpl());
-  if (named != module_tensors_.end()) {
-    name = named->second.name;
-    kind = named->second.kind;
+  if (const ModuleTensor* named = module_tensors_.find(t.unsafeGetTensorImpl())) {
+    name = named->name;
+    kind = named->kind;
   } else {
     do {
-      name = "_tensor_constant" + std::to_string(next_constant_++);
-    } while (module_.has_attribute(name));
+      constant = "_tensor_constant" + std::to_string(next_constant_++);
+    } while (module_.has_attribute(constant));
   }
-  module_.set_attribute(name, t, kind);
-  Node* node = graph().get_attr(name);
+  module_.set_attribute(*name, t, kind);
+  Node* node = graph().get_attr(*name);
   node->meta().val = ValueMeta::tensor(TensorMeta::of(t));
-  known_.emplace(t.unsafeGetTensorImpl(), Known{t, name, node});
+  known_.emplace(t.unsafeGetTensorImpl(), Known{t, node, node});
   return node;
 }
 
@@ -202,8 +204,9 @@ void TraceState::before_write(const at::Tensor& t) {
         k.tensor.storage().unsafeGetStorageImpl() != storage) {
       continue;
     }
-    const Attribute& attr = module_.attribute(k.name);
-    module_.set_attribute(k.name, k.tensor.clone(), attr.kind);
+    const std::string& name = k.attribute->target();
+    const Attribute& attr = module_.attribute(name);
+    module_.set_attribute(name, k.tensor.clone(), attr.kind);
     k.snapshotted = true;
   }
 }
@@ -220,22 +223,36 @@ c10::IValue unwrap_all(const c10::IValue& v) {
 
 }  // namespace
 
-std::unordered_map<c10::TensorImpl*, ModuleTensor> module_tensors(const ModuleState& state) {
-  std::unordered_map<c10::TensorImpl*, ModuleTensor> named;
+ModuleTensors::ModuleTensors(const ModuleState& state) {
+  sorted_.reserve(state.parameters.size() + state.buffers.size());
   for (const auto& [name, t] : state.parameters) {
-    if (t.defined()) named.emplace(t.unsafeGetTensorImpl(), ModuleTensor{name, AttributeKind::Parameter});
+    if (t.defined()) sorted_.push_back({t.unsafeGetTensorImpl(), ModuleTensor{&name, AttributeKind::Parameter}});
   }
   for (const auto& [name, t] : state.buffers) {
-    if (t.defined()) named.emplace(t.unsafeGetTensorImpl(), ModuleTensor{name, AttributeKind::Buffer});
+    if (t.defined()) sorted_.push_back({t.unsafeGetTensorImpl(), ModuleTensor{&name, AttributeKind::Buffer}});
   }
-  return named;
+  // Stable, so that of tied tensors the first named comes first and stays.
+  auto by_address = [](const auto& a, const auto& b) {
+    return std::less<const c10::TensorImpl*>()(a.first, b.first);
+  };
+  std::stable_sort(sorted_.begin(), sorted_.end(), by_address);
+  auto same = [](const auto& a, const auto& b) { return a.first == b.first; };
+  sorted_.erase(std::unique(sorted_.begin(), sorted_.end(), same), sorted_.end());
+}
+
+const ModuleTensor* ModuleTensors::find(const c10::TensorImpl* t) const {
+  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), t,
+                             [](const auto& e, const c10::TensorImpl* key) {
+                               return std::less<const c10::TensorImpl*>()(e.first, key);
+                             });
+  return it != sorted_.end() && it->first == t ? &it->second : nullptr;
 }
 
 TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
                       const TraceOptions& options, const ModuleState& state) {
   ensure_tracer_registered();
   if (options.meta) ensure_meta_kernels();  // Note [Meta kernels LibTorch 1.13 lacks]
-  TraceState st(options, module_tensors(state));
+  TraceState st(options, ModuleTensors(state));
   Graph& g = st.graph();
 
   // Inputs: one immutable placeholder per tensor, in flattening order.
