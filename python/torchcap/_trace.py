@@ -11,6 +11,7 @@ torch.fx.GraphModule, with torchcap.load's code generator, whose attributes
 are the module's own parameters and buffers.
 """
 
+import gc
 import operator
 import os
 
@@ -20,8 +21,7 @@ import torch.utils._pytree as pytree
 
 from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import (TorchcapCodeGen, _Spec, _forward_after_generating_code,
-                            _refuse_unbound_weights, _set_graph_generating_code_later,
-                            _tensor_metadata)
+                            _refuse_unbound_weights, _set_graph_generating_code_later)
 
 try:
     from torchcap import _C
@@ -351,16 +351,25 @@ def _set_tensor(gm, name, tensor, is_parameter):
         owner._buffers[leaf] = tensor
 
 
-def _fx_graph(graph, keywords):
+def _fx_graph(graph, keywords, direct=True):
     """The torch.fx.Graph of a torchcap._C.GraphModule, with its code generator.
 
     Built as torchcap.load builds a graph from a file (the same code
     generator and conventions), from the C++ graph directly (Note [Building the
-    torch.fx graph directly] in src/python/module.cpp).
+    torch.fx graph directly] in src/python/module.cpp). direct=False: every
+    node made by Graph.create_node (Note [Creating torch.fx nodes directly]).
     """
     fx_graph = torch.fx.Graph()
-    in_spec, out_spec, mutations, placeholders = graph.build_fx(fx_graph, _tensor_metadata,
-                                                                _Spec)
+    # The nodes are many new objects that all stay alive: the cyclic garbage
+    # collector, which runs every few hundred new objects, would walk them
+    # again and again and free none.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        in_spec, out_spec, mutations, placeholders = graph.build_fx(fx_graph, _Spec, direct)
+    finally:
+        if collecting:
+            gc.enable()
     if mutations:
         # As the loader: written inputs are passed to the output too, so that
         # the generated code keeps them bound until the writes at the end.

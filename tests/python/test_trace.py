@@ -16,6 +16,7 @@ import torchvision
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcap
+from torchcap import _trace
 
 torch.manual_seed(0)
 HERE = os.path.abspath(__file__)
@@ -555,6 +556,56 @@ def test_code_generated_on_first_use(tmp_path, monkeypatch):
     torchcap.save(gm, tmp_path / "e.tcg")
     torch.testing.assert_close(torchcap.load(tmp_path / "e.tcg")(x)[0], gm(x))
     assert (gm(x) > 0).all()
+
+
+def _node_facts(graph):
+    """Everything torch.fx keeps of a graph's nodes, by name, comparable."""
+    def arg(a):
+        if isinstance(a, torch.fx.Node):
+            return ("node", a.name)
+        if isinstance(a, (list, tuple, dict)):
+            items = a.items() if isinstance(a, dict) else enumerate(a)
+            return (type(a), [(k, arg(v)) for k, v in items])
+        return (type(a), a)
+    facts = []
+    for n in graph.nodes:
+        state = dict(vars(n))
+        for key in ("graph", "_prev", "_next", "_input_nodes", "users", "_args", "_kwargs"):
+            state.pop(key)
+        facts.append((list(vars(n)), state, arg(n._args), arg(n._kwargs), n.graph is graph,
+                      n._prev.name, n._next.name, [i.name for i in n._input_nodes],
+                      [u.name for u in n.users]))
+    ns = graph._graph_namespace
+    return (facts, len(graph.nodes), graph._len, dict(ns._used_names), ns._unassociated_names,
+            {n.name: name for n, name in ns._obj_to_name.items()})
+
+
+class OddNames(nn.Module):
+    """Values named after builtins and keywords, an operator with list
+    arguments and keyword arguments, a shared input."""
+
+    def forward(self, x, input, *, sum=None):
+        max = x.max(dim=1)
+        y = torch.cat([x, input], 1).sum(1, keepdim=False)
+        return y, max.values, {"s": sum * 2, "t": torch.ones(2, dtype=torch.int64).float()}
+
+
+@pytest.mark.parametrize("exported", [False, True])
+def test_nodes_made_directly_equal_create_nodes(exported):
+    # Note [Creating torch.fx nodes directly]: the nodes build_fx makes equal
+    # those torch.fx's create_node makes, attribute by attribute.
+    cases = [(torchvision.models.resnet18().eval(), (torch.randn(1, 3, 32, 32),), {}),
+             (Nested(), ((torch.randn(3, 8), {"bias": torch.randn(8)}), torch.randn(2)),
+              {"mask": torch.ones(8)}),
+             (OddNames(), (torch.randn(2, 3), torch.randn(2, 3)), {"sum": torch.randn(2)})]
+    for m, args, kwargs in cases:
+        gm = (torchcap.export if exported else torchcap.trace)(m, args, kwargs)
+        keywords = list(kwargs)
+        direct = _trace._fx_graph(gm._torchcap_graph, keywords)
+        made = _trace._fx_graph(gm._torchcap_graph, keywords, direct=False)
+        assert _node_facts(direct) == _node_facts(made)
+        assert direct.python_code("self").src == made.python_code("self").src
+        direct.lint()
 
 
 def test_save_refuses_what_it_cannot_store(tmp_path):
