@@ -4,7 +4,9 @@
 
 // Note [Module stacks from frames] reads a frame's first argument (`self`).
 // Python 3.11 offers no public call for one variable of a frame; its
-// internal frame layout gives it without building the frame's locals dict.
+// internal frame layout gives it without building the frame's locals dict,
+// and the frames themselves without frame objects (Note [Frames without
+// frame objects]).
 #if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
 #define Py_BUILD_CORE
 #include <internal/pycore_frame.h>
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 namespace torchcap::python {
 
@@ -81,19 +84,12 @@ const PythonSource::CodeInfo& PythonSource::code_info(PyObject* code) {
   return codes_info_.emplace(code, info).first->second;
 }
 
-PyObject* PythonSource::module_of(PyObject* frame) const {
-  if (known_modules_.empty()) return nullptr;
-  PyObject* self = nullptr;
-#ifdef TORCHCAP_FRAME_INTERNALS
-  self = reinterpret_cast<PyFrameObject*>(frame)->f_frame->localsplus[0];
-  // `self` captured by a closure inside forward lives in a cell.
-  if (self != nullptr && PyCell_Check(self)) self = PyCell_GET(self);
-#else
+#ifndef TORCHCAP_FRAME_INTERNALS
+PyObject* PythonSource::self_of(PyObject* frame) {
   py::object locals = py::reinterpret_borrow<py::object>(frame).attr("f_locals");
-  if (PyDict_Check(locals.ptr())) self = PyDict_GetItemString(locals.ptr(), "self");
-#endif
-  return self != nullptr && known_modules_.count(self) != 0 ? self : nullptr;
+  return PyDict_Check(locals.ptr()) ? PyDict_GetItemString(locals.ptr(), "self") : nullptr;
 }
+#endif
 
 const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& modules) {
   auto it = module_stacks_.find(modules);
@@ -105,12 +101,13 @@ const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& m
   return module_stacks_.emplace(modules, std::move(stack)).first->second;
 }
 
-const SourceFrame& PythonSource::frame_for(PyObject* frame, PyObject* code, FrameKey key) {
+template <typename Line>
+const SourceFrame& PythonSource::frame_for(PyObject* code, FrameKey key, Line line) {
   auto it = frames_.find(key);
   if (it != frames_.end()) return it->second;
   SourceFrame f;
   f.file = str_attr(code, "co_filename");
-  f.line = PyFrame_GetLineNumber(reinterpret_cast<PyFrameObject*>(frame));
+  f.line = line();
   f.function = str_attr(code, "co_name");
   py::object text = getline_(f.file, f.line);
   if (py::isinstance<py::str>(text)) f.code = py::str(text.attr("strip")()).cast<std::string>();
@@ -118,26 +115,44 @@ const SourceFrame& PythonSource::frame_for(PyObject* frame, PyObject* code, Fram
 }
 
 void PythonSource::locate(NodeMeta& meta) {
-  py::gil_scoped_acquire gil;
+  // The GIL is held when the program's Python called the operator, the
+  // common case; a gil_scoped_acquire costs more than the check.
+  std::optional<py::gil_scoped_acquire> gil;
+  if (PyGILState_Check() == 0) gil.emplace();
   scratch_.clear();
   module_scratch_.clear();
+#ifdef TORCHCAP_FRAME_INTERNALS
+  // Note [Frames without frame objects]: the interpreter's frames are read
+  // as they are. PyThreadState_GetFrame and PyFrame_GetBack would make a
+  // frame object for each (and free it when its call returns), as many for
+  // each node as calls on the stack that were not asked for one before.
+  _PyInterpreterFrame* stop = reinterpret_cast<PyFrameObject*>(boundary_.ptr())->f_frame;
+  for (_PyInterpreterFrame* frame = PyThreadState_Get()->cframe->current_frame;
+       frame != nullptr && frame != stop && scratch_.size() < kMaxFrames;
+       frame = frame->previous) {
+    if (_PyFrame_IsIncomplete(frame)) continue;  // as PyFrame_GetBack skips them
+    PyCodeObject* code = frame->f_code;
+    PyObject* c = reinterpret_cast<PyObject*>(code);
+    const CodeInfo& info = code_info(c);
+    if (info.forward) note_module(frame->localsplus[0]);
+    if (!info.internal) {
+      int lasti = _PyInterpreterFrame_LASTI(frame) * static_cast<int>(sizeof(_Py_CODEUNIT));
+      FrameKey key{c, lasti};
+      frame_for(c, key, [&] { return PyCode_Addr2Line(code, lasti); });
+      scratch_.push_back(key);
+    }
+  }
+#else
   PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());
   while (frame != nullptr && reinterpret_cast<PyObject*>(frame) != boundary_.ptr() &&
          scratch_.size() < kMaxFrames) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     PyObject* c = reinterpret_cast<PyObject*>(code);
     const CodeInfo& info = code_info(c);
-    if (info.forward) {
-      // Innermost first; a forward calling its base class's forward is one
-      // module call.
-      PyObject* m = module_of(reinterpret_cast<PyObject*>(frame));
-      if (m != nullptr && (module_scratch_.empty() || module_scratch_.back() != m)) {
-        module_scratch_.push_back(m);
-      }
-    }
+    if (info.forward) note_module(self_of(reinterpret_cast<PyObject*>(frame)));
     if (!info.internal) {
       FrameKey key{c, PyFrame_GetLasti(frame)};
-      frame_for(reinterpret_cast<PyObject*>(frame), c, key);
+      frame_for(c, key, [&] { return PyFrame_GetLineNumber(frame); });
       scratch_.push_back(key);
     }
     Py_DECREF(code);
@@ -146,6 +161,7 @@ void PythonSource::locate(NodeMeta& meta) {
     frame = back;
   }
   Py_XDECREF(frame);
+#endif
   std::reverse(module_scratch_.begin(), module_scratch_.end());  // outermost first
   meta.module_stack = module_stack_of(module_scratch_);
   if (scratch_.empty()) return;
@@ -157,6 +173,15 @@ void PythonSource::locate(NodeMeta& meta) {
     it = stacks_.emplace(scratch_, StackTrace::from_frames(std::move(frames))).first;
   }
   meta.stack_trace = it->second;
+}
+
+void PythonSource::note_module(PyObject* self) {
+  // `self` captured by a closure inside forward lives in a cell.
+  if (self != nullptr && PyCell_Check(self)) self = PyCell_GET(self);
+  if (self == nullptr || known_modules_.count(self) == 0) return;
+  // Innermost first; a forward calling its base class's forward is one
+  // module call.
+  if (module_scratch_.empty() || module_scratch_.back() != self) module_scratch_.push_back(self);
 }
 
 void PythonSource::add_module(py::object module, std::string path, std::string type) {

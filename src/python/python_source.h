@@ -88,9 +88,14 @@ class PythonSource {
   };
 
   const CodeInfo& code_info(PyObject* code);
-  const SourceFrame& frame_for(PyObject* frame, PyObject* code, FrameKey key);
-  // The module whose forward `frame` runs, or nullptr.
-  PyObject* module_of(PyObject* frame) const;
+  // The frame at `key`, made on first sight (`line()` gives its line).
+  template <typename Line>
+  const SourceFrame& frame_for(PyObject* code, FrameKey key, Line line);
+  // Adds `self`, the first argument of a running forward, to the module
+  // stack if it is one of the traced modules.
+  void note_module(PyObject* self);
+  // The `self` local of a frame object, or nullptr.
+  static PyObject* self_of(PyObject* frame);
   const ModuleStack& module_stack_of(const std::vector<PyObject*>& modules);
 
   std::vector<std::string> internal_dirs_;
