@@ -50,6 +50,32 @@ class JsonCursor {
     return true;
   }
 
+  // An object: `on_member(key)` for each member, with the cursor at its
+  // value (`key` as `string(scratch)` gives it).
+  template <typename OnMember>
+  void object(std::string& scratch, OnMember&& on_member) {
+    expect('{');
+    if (peek() != '}') {
+      do {
+        std::string_view key = string(scratch);
+        expect(':');
+        on_member(key);
+      } while (accept(','));
+    }
+    expect('}');
+  }
+  // An array, maybe empty: `on_element()` for each element, with the cursor
+  // at it.
+  template <typename OnElement>
+  void array(OnElement&& on_element) {
+    expect('[');
+    if (accept(']')) return;
+    do {
+      on_element();
+    } while (accept(','));
+    expect(']');
+  }
+
   // A string. The view points into the text when the string has no escapes,
   // else into `scratch`; either way it is valid until the next call that
   // reads a string into `scratch`.

@@ -489,33 +489,28 @@ class Reader {
       GraphModule gm;
       bool nodes = false;
       std::string key;
-      c.expect('{');
-      if (c.peek() != '}') {
-        do {
-          key.assign(c.string(scratch_));
-          c.expect(':');
-          if (format::key_since(format::keys::kDocument, key) > h_.minor ||
-              (file_.strict && !format::has_key(format::keys::kDocument, key, h_.minor))) {
-            format::JsonCursor::give_up();
-          }
-          if (doc_.contains(key) || (key == "nodes" && nodes)) format::JsonCursor::give_up();
-          if (key == "nodes") {
-            nodes = true;
-            read_module_stacks();
-            c.peek();
-            nodes_begin_ = static_cast<uint64_t>(c.position() - text);
-            read_nodes_in_one_pass(c, gm.graph());
-            nodes_end_ = static_cast<uint64_t>(c.position() - text);
-          } else if (format::key_since(format::keys::kDocument, key) < 0) {
-            c.skip_value(1);  // a later version's: skipped, as the careful reader does
-          } else {
-            if (key == "module_stacks" && nodes) format::JsonCursor::give_up();
-            std::string_view value = c.value_text(1);
-            doc_[key] = Json::parse(value.begin(), value.end());
-          }
-        } while (c.accept(','));
-      }
-      c.expect('}');
+      c.object(scratch_, [&](std::string_view k) {
+        key.assign(k);
+        if (format::key_since(format::keys::kDocument, key) > h_.minor ||
+            (file_.strict && !format::has_key(format::keys::kDocument, key, h_.minor))) {
+          format::JsonCursor::give_up();
+        }
+        if (doc_.contains(key) || (key == "nodes" && nodes)) format::JsonCursor::give_up();
+        if (key == "nodes") {
+          nodes = true;
+          read_module_stacks();
+          c.peek();
+          nodes_begin_ = static_cast<uint64_t>(c.position() - text);
+          read_nodes_in_one_pass(c, gm.graph());
+          nodes_end_ = static_cast<uint64_t>(c.position() - text);
+        } else if (format::key_since(format::keys::kDocument, key) < 0) {
+          c.skip_value(1);  // a later version's: skipped, as the careful reader does
+        } else {
+          if (key == "module_stacks" && nodes) format::JsonCursor::give_up();
+          std::string_view value = c.value_text(1);
+          doc_[key] = Json::parse(value.begin(), value.end());
+        }
+      });
       if (!nodes || !c.at_end()) format::JsonCursor::give_up();
       read_tensors();
       read_attributes();
@@ -618,51 +613,35 @@ class Reader {
       if (seen & bit) give_up();
       seen |= bit;
     };
-    c.expect('{');
-    if (c.peek() != '}') {
-      do {
-        std::string_view key = c.string(scratch_);
-        c.expect(':');
-        if (!allowed_key(format::keys::kNode, key)) {
-          c.skip_value(2);
-        } else if (key == "name") {
-          once(1);
-          name.assign(c.string(scratch_));
-        } else if (key == "op") {
-          once(2);
-          op.assign(c.string(scratch_));
-        } else if (key == "target") {
-          once(4);
-          target.assign(c.string(scratch_));
-        } else if (key == "args") {
-          once(8);
+    c.object(scratch_, [&](std::string_view key) {
+      if (!allowed_key(format::keys::kNode, key)) {
+        c.skip_value(2);
+      } else if (key == "name") {
+        once(1);
+        name.assign(c.string(scratch_));
+      } else if (key == "op") {
+        once(2);
+        op.assign(c.string(scratch_));
+      } else if (key == "target") {
+        once(4);
+        target.assign(c.string(scratch_));
+      } else if (key == "args") {
+        once(8);
+        c.array([&] { args.push_back(argument_in_one_pass(c, g, 3)); });
+      } else if (key == "kwargs") {
+        once(16);
+        c.array([&] {
           c.expect('[');
-          if (!c.accept(']')) {
-            do {
-              args.push_back(argument_in_one_pass(c, g, 3));
-            } while (c.accept(','));
-            c.expect(']');
-          }
-        } else if (key == "kwargs") {
-          once(16);
-          c.expect('[');
-          if (!c.accept(']')) {
-            do {
-              c.expect('[');
-              std::string k(c.string(scratch_));
-              c.expect(',');
-              kwargs.emplace_back(std::move(k), argument_in_one_pass(c, g, 4));
-              c.expect(']');
-            } while (c.accept(','));
-            c.expect(']');
-          }
-        } else {  // meta
-          once(32);
-          meta = node_meta_in_one_pass(c);
-        }
-      } while (c.accept(','));
-    }
-    c.expect('}');
+          std::string k(c.string(scratch_));
+          c.expect(',');
+          kwargs.emplace_back(std::move(k), argument_in_one_pass(c, g, 4));
+          c.expect(']');
+        });
+      } else {  // meta
+        once(32);
+        meta = node_meta_in_one_pass(c);
+      }
+    });
     if ((seen & 7) != 7) give_up();
     auto fail = [](const char*, const std::string&) { give_up(); };
     Node* n = make_node(g, name, op, target, std::move(args), std::move(kwargs), fail);
@@ -685,14 +664,8 @@ class Reader {
         return Argument(std::string(c.string(scratch_)));
       case '[': {
         if (depth > format::JsonCursor::kMaxDepth) give_up();
-        c.expect('[');
         ArgumentList list;
-        if (!c.accept(']')) {
-          do {
-            list.push_back(argument_in_one_pass(c, g, depth + 1));
-          } while (c.accept(','));
-          c.expect(']');
-        }
+        c.array([&] { list.push_back(argument_in_one_pass(c, g, depth + 1)); });
         return Argument(std::move(list));
       }
       case '{':
@@ -767,14 +740,11 @@ class Reader {
   // Sizes (each non-negative) or strides.
   static std::vector<int64_t> dims_in_one_pass(format::JsonCursor& c, bool sizes) {
     std::vector<int64_t> out;
-    c.expect('[');
-    if (c.accept(']')) return out;
-    do {
+    c.array([&] {
       int64_t d = c.integer();
       if (sizes && d < 0) give_up();
       out.push_back(d);
-    } while (c.accept(','));
-    c.expect(']');
+    });
     if (out.size() > format::kMaxTensorDims) give_up();
     return out;
   }
@@ -782,35 +752,29 @@ class Reader {
   TensorMeta tensor_meta_in_one_pass(format::JsonCursor& c) {
     TensorMeta m;
     unsigned seen = 0;
-    c.expect('{');
-    if (c.peek() != '}') {
-      do {
-        std::string_view key = c.string(scratch_);
-        c.expect(':');
-        unsigned bit = 0;
-        if (!allowed_key(format::keys::kTensorMeta, key)) {
-          c.skip_value(6);
-        } else if (key == "dtype") {
-          bit = 1;
-          std::optional<c10::ScalarType> t = format::dtype_from_name(std::string(c.string(scratch_)));
-          if (!t) give_up();
-          m.dtype = *t;
-        } else if (key == "sizes") {
-          bit = 2;
-          m.sizes = dims_in_one_pass(c, true);
-        } else if (key == "strides") {
-          bit = 4;
-          m.strides = dims_in_one_pass(c, false);
-        } else {  // device
-          bit = 8;
-          name_.assign(c.string(scratch_));
-          m.device = device_in_one_pass(name_);
-        }
-        if (seen & bit) give_up();
-        seen |= bit;
-      } while (c.accept(','));
-    }
-    c.expect('}');
+    c.object(scratch_, [&](std::string_view key) {
+      unsigned bit = 0;
+      if (!allowed_key(format::keys::kTensorMeta, key)) {
+        c.skip_value(6);
+      } else if (key == "dtype") {
+        bit = 1;
+        std::optional<c10::ScalarType> t = format::dtype_from_name(std::string(c.string(scratch_)));
+        if (!t) give_up();
+        m.dtype = *t;
+      } else if (key == "sizes") {
+        bit = 2;
+        m.sizes = dims_in_one_pass(c, true);
+      } else if (key == "strides") {
+        bit = 4;
+        m.strides = dims_in_one_pass(c, false);
+      } else {  // device
+        bit = 8;
+        name_.assign(c.string(scratch_));
+        m.device = device_in_one_pass(name_);
+      }
+      if (seen & bit) give_up();
+      seen |= bit;
+    });
     if (seen != 15 || m.sizes.size() != m.strides.size()) give_up();
     return m;
   }
@@ -818,35 +782,23 @@ class Reader {
   ValueMeta value_meta_in_one_pass(format::JsonCursor& c) {
     ValueMeta val;
     unsigned seen = 0;
-    c.expect('{');
-    if (c.peek() != '}') {
-      do {
-        std::string_view key = c.string(scratch_);
-        c.expect(':');
-        unsigned bit = 0;
-        if (!allowed_key(format::keys::kValue, key)) {
-          c.skip_value(4);
-        } else if (key == "kind") {
-          bit = 1;
-          std::optional<ValueKind> k =
-              format::token_value(format::kValueKinds, std::string(c.string(scratch_)));
-          if (!k) give_up();
-          val.kind = *k;
-        } else {  // tensors
-          bit = 2;
-          c.expect('[');
-          if (!c.accept(']')) {
-            do {
-              val.tensors.push_back(tensor_meta_in_one_pass(c));
-            } while (c.accept(','));
-            c.expect(']');
-          }
-        }
-        if (seen & bit) give_up();
-        seen |= bit;
-      } while (c.accept(','));
-    }
-    c.expect('}');
+    c.object(scratch_, [&](std::string_view key) {
+      unsigned bit = 0;
+      if (!allowed_key(format::keys::kValue, key)) {
+        c.skip_value(4);
+      } else if (key == "kind") {
+        bit = 1;
+        std::optional<ValueKind> k =
+            format::token_value(format::kValueKinds, std::string(c.string(scratch_)));
+        if (!k) give_up();
+        val.kind = *k;
+      } else {  // tensors
+        bit = 2;
+        c.array([&] { val.tensors.push_back(tensor_meta_in_one_pass(c)); });
+      }
+      if (seen & bit) give_up();
+      seen |= bit;
+    });
     const int want = format::value_kind_tensors(val.kind);
     if (seen != 3 || (want >= 0 && val.tensors.size() != static_cast<size_t>(want))) give_up();
     return val;
@@ -860,44 +812,34 @@ class Reader {
     if (it != stack_traces_.end()) return it->second;
     format::JsonCursor frames(start, text.data() + text.size());
     std::vector<SourceFrame> out;
-    frames.expect('[');
-    if (!frames.accept(']')) {
-      do {
+    frames.array([&] {
         SourceFrame f;
         unsigned seen = 0;
-        frames.expect('{');
-        if (frames.peek() != '}') {
-          do {
-            std::string_view key = frames.string(scratch_);
-            frames.expect(':');
-            unsigned bit = 0;
-            if (!allowed_key(format::keys::kFrame, key)) {
-              frames.skip_value(5);
-            } else if (key == "file") {
-              bit = 1;
-              f.file.assign(frames.string(scratch_));
-            } else if (key == "line") {
-              bit = 2;
-              int64_t line = frames.integer();
-              if (line < 0 || line > std::numeric_limits<int>::max()) give_up();
-              f.line = static_cast<int>(line);
-            } else if (key == "function") {
-              bit = 4;
-              f.function.assign(frames.string(scratch_));
-            } else {  // code
-              bit = 8;
-              f.code.assign(frames.string(scratch_));
-            }
-            if (seen & bit) give_up();
-            seen |= bit;
-          } while (frames.accept(','));
-        }
-        frames.expect('}');
+        frames.object(scratch_, [&](std::string_view key) {
+          unsigned bit = 0;
+          if (!allowed_key(format::keys::kFrame, key)) {
+            frames.skip_value(5);
+          } else if (key == "file") {
+            bit = 1;
+            f.file.assign(frames.string(scratch_));
+          } else if (key == "line") {
+            bit = 2;
+            int64_t line = frames.integer();
+            if (line < 0 || line > std::numeric_limits<int>::max()) give_up();
+            f.line = static_cast<int>(line);
+          } else if (key == "function") {
+            bit = 4;
+            f.function.assign(frames.string(scratch_));
+          } else {  // code
+            bit = 8;
+            f.code.assign(frames.string(scratch_));
+          }
+          if (seen & bit) give_up();
+          seen |= bit;
+        });
         if ((seen & 7) != 7) give_up();
         out.push_back(std::move(f));
-      } while (frames.accept(','));
-      frames.expect(']');
-    }
+    });
     StackTrace trace = StackTrace::from_frames(std::move(out));
     stack_traces_.emplace(text, trace);
     return trace;
@@ -906,31 +848,25 @@ class Reader {
   NodeMeta node_meta_in_one_pass(format::JsonCursor& c) {
     NodeMeta meta;
     unsigned seen = 0;
-    c.expect('{');
-    if (c.peek() != '}') {
-      do {
-        std::string_view key = c.string(scratch_);
-        c.expect(':');
-        unsigned bit = 0;
-        if (!allowed_key(format::keys::kMeta, key)) {
-          c.skip_value(3);
-        } else if (key == "val") {
-          bit = 1;
-          meta.val = value_meta_in_one_pass(c);
-        } else if (key == "stack_trace") {
-          bit = 2;
-          meta.stack_trace = stack_trace_in_one_pass(c);
-        } else {  // module_stack
-          bit = 4;
-          int64_t index = c.integer();
-          if (index < 0 || static_cast<uint64_t>(index) >= module_stacks_.size()) give_up();
-          meta.module_stack = module_stacks_[static_cast<size_t>(index)];
-        }
-        if (seen & bit) give_up();
-        seen |= bit;
-      } while (c.accept(','));
-    }
-    c.expect('}');
+    c.object(scratch_, [&](std::string_view key) {
+      unsigned bit = 0;
+      if (!allowed_key(format::keys::kMeta, key)) {
+        c.skip_value(3);
+      } else if (key == "val") {
+        bit = 1;
+        meta.val = value_meta_in_one_pass(c);
+      } else if (key == "stack_trace") {
+        bit = 2;
+        meta.stack_trace = stack_trace_in_one_pass(c);
+      } else {  // module_stack
+        bit = 4;
+        int64_t index = c.integer();
+        if (index < 0 || static_cast<uint64_t>(index) >= module_stacks_.size()) give_up();
+        meta.module_stack = module_stacks_[static_cast<size_t>(index)];
+      }
+      if (seen & bit) give_up();
+      seen |= bit;
+    });
     return meta;
   }
 
