@@ -53,13 +53,11 @@ def paired(eager, tracers, runs):
 
 
 def cpp_graph(model, x, record_stack_traces):
-    """torchcap._C's trace alone (with the module stack hooks): the graph in
-    C++, not yet a torch.fx module."""
+    """torchcap._C's trace alone: the graph in C++, not yet a torch.fx module."""
     modules = _trace._module_names(model) if record_stack_traces else []
-    with _trace._ModuleStackHooks(modules):
-        return _trace._C.trace(model, list(model.named_parameters()),
-                               list(model.named_buffers()), (x,), {}, False, False, None, False,
-                               False, record_stack_traces, _trace._INTERNAL_DIRS, modules)
+    return _trace._C.trace(model, list(model.named_parameters()), list(model.named_buffers()),
+                           (x,), {}, False, False, None, False, False, record_stack_traces,
+                           _trace._INTERNAL_DIRS, modules)
 
 
 def bench(name, model, x, runs, make_fx_runs):

@@ -85,19 +85,6 @@ def _module_names(root):
             for name, m in root.named_modules()]
 
 
-class _ModuleStackHooks:
-    """Formerly installed forward hooks for module stacks; module stacks now
-    come from frames. A no-op context manager, kept for its callers."""
-
-    def __init__(self, modules):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
 
 # --- Errors --------------------------------------------------------------------
 
@@ -196,10 +183,9 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
 
     modules = _module_names(module) if record_stack_traces else []
     try:
-        with _ModuleStackHooks(modules):
-            graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
-                             allow_input_mutation, allow_data_dependent_values,
-                             record_stack_traces, _INTERNAL_DIRS, modules, meta=meta)
+        graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
+                         allow_input_mutation, allow_data_dependent_values,
+                         record_stack_traces, _INTERNAL_DIRS, modules, meta=meta)
     except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
         message = _python_message(str(e))
         if message == str(e):

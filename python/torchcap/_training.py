@@ -16,7 +16,7 @@ buffers are the returned module's own tensors, updated by each call.
 import torch
 
 from torchcap._errors import Error, TraceError
-from torchcap._trace import (_INTERNAL_DIRS, _ModuleStackHooks, _as_trace_error, _attribute,
+from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _attribute,
                              _check_args, _module_names, _require_C, _set_tensor, _to_fx)
 
 try:
@@ -113,9 +113,8 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
     buffers = list(module.named_buffers())
     modules = _module_names(module) if record_stack_traces else []
     try:
-        with _ModuleStackHooks(modules):
-            graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
-                                       options, record_stack_traces, _INTERNAL_DIRS, modules)
+        graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
+                                   options, record_stack_traces, _INTERNAL_DIRS, modules)
     except RuntimeError as e:
         error = _as_trace_error(e)
         if error is None:
