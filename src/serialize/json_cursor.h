@@ -104,19 +104,9 @@ class JsonCursor {
   // A JSON number that is an integer literal (no fraction, no exponent) in
   // int64_t's range.
   int64_t integer() {
-    ws();
-    const char* start = p_;
-    if (p_ < end_ && *p_ == '-') ++p_;
-    if (p_ == end_ || *p_ < '0' || *p_ > '9') give_up();
-    if (*p_ == '0' && p_ + 1 < end_ && p_[1] >= '0' && p_[1] <= '9') give_up();  // leading zero
-    int64_t v = 0;
-    auto [ptr, ec] = std::from_chars(start, end_, v);
-    if (ec != std::errc() || ptr == start) give_up();
-    p_ = ptr;
-    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E' || (*p_ >= '0' && *p_ <= '9'))) {
-      give_up();
-    }
-    return v;
+    Number n = number();
+    if (!n.is_integer) give_up();
+    return n.i;
   }
 
   // A number: an integer literal in int64_t's range (is_integer) or any other
@@ -133,6 +123,7 @@ class JsonCursor {
     if (p_ == end_ || *p_ < '0' || *p_ > '9') give_up();
     if (*p_ == '0') {
       ++p_;
+      if (p_ < end_ && *p_ >= '0' && *p_ <= '9') give_up();  // leading zero
     } else {
       while (p_ < end_ && *p_ >= '0' && *p_ <= '9') ++p_;
     }
