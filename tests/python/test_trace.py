@@ -558,6 +558,34 @@ def test_code_generated_on_first_use(tmp_path, monkeypatch):
     assert (gm(x) > 0).all()
 
 
+@pytest.mark.parametrize("first_use", ["call", "graph", "code", "str", "deepcopy", "save"])
+def test_graph_made_on_first_use(tmp_path, first_use):
+    # A traced module holds no torch.fx graph until something needs one; each
+    # thing that does works on a module without one, and saving needs none.
+    m = Nested()
+    args = ((torch.randn(3, 8), {"bias": torch.randn(8)}), torch.randn(2))
+    gm = torchcap.trace(m, args)
+    assert "_graph" not in vars(gm)
+    if first_use == "call":
+        assert_tree_equal(gm(*args), m(*args))
+    elif first_use == "graph":
+        assert [n.op for n in gm.graph.nodes][-1] == "output"
+    elif first_use == "code":
+        assert "def forward(" in gm.code
+    elif first_use == "str":
+        assert "def forward(" in str(gm)
+    elif first_use == "deepcopy":
+        assert_tree_equal(copy.deepcopy(gm)(*args), m(*args))
+    else:
+        torchcap.save(gm, tmp_path / "m.tcg")
+        assert "_graph" not in vars(gm)
+        assert_tree_equal(torchcap.load(tmp_path / "m.tcg")(*args), m(*args))
+    made_now = _trace._fx_graph(gm._torchcap_graph, [])
+    assert gm.code == made_now.python_code("self").src
+    assert _node_facts(gm.graph)[0] == _node_facts(made_now)[0]
+    assert_tree_equal(gm(*args), m(*args))
+
+
 def _node_facts(graph):
     """Everything torch.fx keeps of a graph's nodes, by name, comparable."""
     def arg(a):
