@@ -11,7 +11,6 @@ torch.fx.GraphModule, with torchcap.load's code generator, whose attributes
 are the module's own parameters and buffers.
 """
 
-import gc
 import operator
 import os
 
@@ -20,8 +19,9 @@ import torch.nn
 import torch.utils._pytree as pytree
 
 from torchcap._errors import Error, InputError, TraceError
-from torchcap._load import (TorchcapCodeGen, _Spec, _forward_after_generating_code,
-                            _generated_code, _refuse_unbound_weights, _set_generated_code,
+from torchcap._load import (TorchcapCodeGen, _Spec, _cyclic_gc_paused,
+                            _forward_after_generating_code, _generated_code,
+                            _refuse_unbound_weights, _set_generated_code,
                             _set_graph_generating_code_later)
 
 try:
@@ -183,21 +183,22 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
         return out
 
     modules = _module_names(module) if record_stack_traces else []
-    try:
-        graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
-                         allow_input_mutation, allow_data_dependent_values,
-                         record_stack_traces, _INTERNAL_DIRS, modules, meta=meta)
-    except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
-        message = _python_message(str(e))
-        if message == str(e):
-            raise
-        raise type(e)(message).with_traceback(e.__traceback__) from None
-    except RuntimeError as e:
-        error = _as_trace_error(e)
-        if error is None:
-            raise
-        raise error.with_traceback(e.__traceback__) from None
-    gm = _to_fx(graph, kwargs)
+    with _cyclic_gc_paused():  # Note [No collections] in _load.py
+        try:
+            graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
+                             allow_input_mutation, allow_data_dependent_values,
+                             record_stack_traces, _INTERNAL_DIRS, modules, meta=meta)
+        except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
+            message = _python_message(str(e))
+            if message == str(e):
+                raise
+            raise type(e)(message).with_traceback(e.__traceback__) from None
+        except RuntimeError as e:
+            error = _as_trace_error(e)
+            if error is None:
+                raise
+            raise error.with_traceback(e.__traceback__) from None
+        gm = _to_fx(graph, kwargs)
     gm.in_spec = pytree.tree_flatten((args, kwargs))[1]
     gm.out_spec = out_spec[0] if out_spec else None
     gm._torchcap_call_structure = _call_structure(args, kwargs)
@@ -350,16 +351,8 @@ def _fx_graph(graph, keywords, direct=True):
     node made by Graph.create_node (Note [Creating torch.fx nodes directly]).
     """
     fx_graph = torch.fx.Graph()
-    # The nodes are many new objects that all stay alive: the cyclic garbage
-    # collector, which runs every few hundred new objects, would walk them
-    # again and again and free none.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with _cyclic_gc_paused():  # Note [No collections] in _load.py
         in_spec, out_spec, mutations, placeholders = graph.build_fx(fx_graph, _Spec, direct)
-    finally:
-        if collecting:
-            gc.enable()
     if mutations:
         # As the loader: written inputs are passed to the output too, so that
         # the generated code keeps them bound until the writes at the end.

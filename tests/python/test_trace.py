@@ -4,6 +4,7 @@ Python -> .tcg -> the C++ interpreter (through `torchcap run`)."""
 
 import collections
 import copy
+import gc
 import os
 import subprocess
 import sys
@@ -443,6 +444,7 @@ def test_exception_inside_f_propagates_unchanged_and_leaves_no_state():
     # Nothing is left: hooks removed, tracing works, tensors compute as usual.
     from torch.nn.modules import module as module_mod
     assert not module_mod._global_forward_pre_hooks and not module_mod._global_forward_hooks
+    assert gc.isenabled()  # paused during the trace (Note [No collections])
     x = torch.ones(2)
     assert torch.equal(x * 2, torch.full((2,), 2.0))
     gm = torchcap.trace(lambda t: t * 3, (x,))
