@@ -6,9 +6,10 @@
 #include "graph/schema_check.h"
 
 #include <algorithm>
-#include <string_view>
+#include <cstdint>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace torchcap {
 namespace {
@@ -17,41 +18,92 @@ namespace {
 
 std::string ref(const Node* n) { return "%" + n->name(); }
 
+// A set of nodes by address, open addressing in one array: lint asks, for
+// every node and every edge, whether a node was seen, and a node-based hash
+// set made an allocation and a cache miss or two of each (a fifth of loading
+// a 200,000-node file went to lint's sets).
+class NodeSet {
+ public:
+  explicit NodeSet(size_t expected) { resize(expected); }
+
+  // False if `n` was in the set already.
+  bool insert(const Node* n) {
+    if (2 * (size_ + 1) > slots_.size()) resize(2 * (size_ + 1));
+    size_t i = slot(n);
+    if (slots_[i] == n) return false;
+    slots_[i] = n;
+    ++size_;
+    return true;
+  }
+  bool contains(const Node* n) const { return slots_[slot(n)] == n; }
+
+ private:
+  // Where `n` is, or the empty slot where it would go.
+  size_t slot(const Node* n) const {
+    auto h = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(n));
+    h = (h ^ (h >> 31)) * 0x9e3779b97f4a7c15ULL;  // spread the aligned low bits
+    size_t i = static_cast<size_t>(h >> 20) & mask_;
+    while (slots_[i] != nullptr && slots_[i] != n) i = (i + 1) & mask_;
+    return i;
+  }
+  // Room for `count` nodes at most half full, keeping those held.
+  void resize(size_t count) {
+    size_t capacity = 16;
+    while (capacity < 2 * count) capacity *= 2;
+    std::vector<const Node*> old = std::move(slots_);
+    slots_.assign(capacity, nullptr);
+    mask_ = capacity - 1;
+    for (const Node* n : old) {
+      if (n != nullptr) slots_[slot(n)] = n;
+    }
+  }
+
+  std::vector<const Node*> slots_;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
 }  // namespace
 
 void Graph::lint() const {
   // Membership tests on a node's users or inputs search short lists directly
-  // and index long ones once: searching the list for every edge made lint
-  // quadratic in fan-out and fan-in (a placeholder read by 100,000 nodes; a
-  // cat of 100,000 values), and loading a file lints it.
+  // and sort a copy of long ones once: searching the list for every edge made
+  // lint quadratic in fan-out and fan-in (a placeholder read by 100,000
+  // nodes; a cat of 100,000 values), and loading a file lints it.
   constexpr size_t kShort = 16;
-  std::unordered_map<const Node*, std::unordered_map<const Node*, size_t>> user_counts;
+  auto sorted = [](const std::vector<Node*>& v) {
+    std::vector<const Node*> out(v.begin(), v.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  std::unordered_map<const Node*, std::vector<const Node*>> sorted_users;
   auto times_listed_as_user = [&](const Node* in, const Node* user) -> size_t {
     if (in->users_.size() <= kShort) return std::count(in->users_.begin(), in->users_.end(), user);
-    auto [it, fresh] = user_counts.try_emplace(in);
-    if (fresh) {
-      for (const Node* u : in->users_) ++it->second[u];
-    }
-    auto c = it->second.find(user);
-    return c == it->second.end() ? 0 : c->second;
+    auto [it, fresh] = sorted_users.try_emplace(in);
+    if (fresh) it->second = sorted(in->users_);
+    auto [first, last] = std::equal_range(it->second.begin(), it->second.end(), user);
+    return static_cast<size_t>(last - first);
   };
-  std::unordered_map<const Node*, std::unordered_set<const Node*>> input_sets;
+  std::unordered_map<const Node*, std::vector<const Node*>> sorted_inputs;
   auto uses = [&](const Node* user, const Node* in) {
     if (user->inputs_.size() <= kShort) {
       return std::find(user->inputs_.begin(), user->inputs_.end(), in) != user->inputs_.end();
     }
-    auto [it, fresh] = input_sets.try_emplace(user);
-    if (fresh) it->second.insert(user->inputs_.begin(), user->inputs_.end());
-    return it->second.count(in) != 0;
+    auto [it, fresh] = sorted_inputs.try_emplace(user);
+    if (fresh) it->second = sorted(user->inputs_);
+    return std::binary_search(it->second.begin(), it->second.end(), in);
   };
 
-  std::unordered_map<const Node*, size_t> position;
-  std::unordered_set<std::string_view> names;  // views of the nodes' own names
-  position.reserve(size_);
-  names.reserve(size_);
+  NodeSet defined(size_);  // the nodes before the one being checked
   size_t count = 0;
   bool seen_non_placeholder = false;
   const Node* output = nullptr;
+  // The last operator looked up, and what it was found as: most nodes call
+  // the operator one of the nodes before them called.
+  const c10::OperatorName* last_operator = nullptr;
+  c10::optional<c10::OperatorHandle> last_handle;
+  std::vector<Node*> referenced;
+  std::unordered_set<const Node*> seen;  // used once `referenced` is long
 
   for (const Node* n = root_->next_; n != root_; n = n->next_) {
     if (n->graph_ != this) fail("node " + ref(n) + " is owned by a different graph");
@@ -60,16 +112,20 @@ void Graph::lint() const {
     if (!is_valid_node_name(n->name())) {
       fail("node name '" + n->name() + "' is not a valid, unreserved Python identifier");
     }
-    if (!names.insert(n->name()).second) fail("two nodes are named '" + n->name() + "'");
+    // The name table maps each name to one node, so every node found there
+    // under its own name means no two nodes share a name.
     auto named = by_name_.find(n->name());
     if (named == by_name_.end() || named->second != n) {
+      if (named != by_name_.end() && named->second->name() == n->name()) {
+        fail("two nodes are named '" + n->name() + "'");
+      }
       fail("node " + ref(n) + " is missing from the graph's name table");
     }
 
     // Edges: inputs are exactly the nodes the arguments reference, each defined
     // earlier in this graph, and each lists this node as a user.
-    std::vector<Node*> referenced;
-    std::unordered_set<const Node*> seen;  // used once `referenced` is long
+    referenced.clear();
+    if (!seen.empty()) seen.clear();
     auto collect = [&](Node* in) {
       if (referenced.size() < kShort) {
         if (std::find(referenced.begin(), referenced.end(), in) != referenced.end()) return;
@@ -86,7 +142,7 @@ void Graph::lint() const {
       if (in->graph_ != this) {
         fail("argument " + ref(in) + " of " + ref(n) + " belongs to a different graph");
       }
-      if (position.count(in) == 0) {
+      if (!defined.contains(in)) {
         fail(in == n ? "node " + ref(n) + " uses itself"
                      : "node " + ref(n) + " uses " + ref(in) +
                            " before it is defined (graph is not in topological order)");
@@ -123,7 +179,11 @@ void Graph::lint() const {
         }
         // The handle was resolved when the node was made; the operator may have
         // been deregistered since (a custom op library unloaded), so look again.
-        auto handle = c10::Dispatcher::singleton().findSchema(n->op_name_);
+        if (last_operator == nullptr || !(*last_operator == n->op_name_)) {
+          last_operator = &n->op_name_;
+          last_handle = c10::Dispatcher::singleton().findSchema(n->op_name_);
+        }
+        const c10::optional<c10::OperatorHandle>& handle = last_handle;
         if (!handle) {
           fail("node " + ref(n) + " calls " + n->target() + ", which is not a registered operator");
         }
@@ -147,7 +207,8 @@ void Graph::lint() const {
         }
         break;
     }
-    position.emplace(n, count++);
+    defined.insert(n);
+    ++count;
   }
   // Users last: a node listing a user that does not use it. (Each use was
   // checked above, so a missing user is already reported there.)

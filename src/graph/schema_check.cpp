@@ -101,7 +101,7 @@ bool fits(const c10::Type& type, const Argument& a) {
 }  // namespace
 
 std::string check_schema_arguments(const Node& n, const c10::FunctionSchema& schema) {
-  const std::string op = n.target();
+  const std::string& op = n.target();
   const auto& params = schema.arguments();
   size_t positional = 0;
   while (positional < params.size() && !params[positional].kwarg_only()) ++positional;
