@@ -306,6 +306,11 @@ TEST(SerializeRoundTrip, GraphOf100000Nodes) {
   GraphModule loaded = round_trip(gm);
   EXPECT_EQ(loaded.graph().size(), gm.graph().size());
   EXPECT_EQ(loaded.graph().last()->prev()->name(), "relu_99999");
+  // The JSON text, written in pieces of about a megabyte, is still the one
+  // document nlohmann::json would dump, byte for byte.
+  TcgFile f = TcgFile::parse(save_to_string(gm));
+  ASSERT_GT(f.json.size(), size_t{4} << 20);
+  EXPECT_EQ(f.json, nlohmann::ordered_json::parse(f.json).dump());
 }
 
 // Wide nodes: one value read by 50,000 nodes, and a cat of 50,000 values (each

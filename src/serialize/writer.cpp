@@ -16,7 +16,9 @@
 #include <cerrno>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -91,6 +93,12 @@ class JsonText {
     out_ += s;
     out_ += '"';
     return *this;
+  }
+  // `s` with what is not valid UTF-8 replaced (format::utf8_or_replace),
+  // copied only then.
+  JsonText& descriptive(const std::string& s) {
+    if (format::is_valid_utf8(s)) return string(s);
+    return string(format::utf8_or_replace(s));
   }
   // A finite double as a JSON number, anything else as {"float": "inf"}.
   JsonText& real(double d) {
@@ -226,10 +234,10 @@ void write_meta(JsonText& out, const NodeMeta& meta, int64_t module_stack, const
     for (size_t i = 0; i < frames.size(); ++i) {
       const SourceFrame& f = frames[i];
       if (i > 0) out.raw(",");
-      out.raw("{").key("file").string(format::utf8_or_replace(f.file));
+      out.raw("{").key("file").descriptive(f.file);
       out.raw(",").key("line").integer(f.line);
-      out.raw(",").key("function").string(format::utf8_or_replace(f.function));
-      if (!f.code.empty()) out.raw(",").key("code").string(format::utf8_or_replace(f.code));
+      out.raw(",").key("function").descriptive(f.function);
+      if (!f.code.empty()) out.raw(",").key("code").descriptive(f.code);
       out.raw("}");
     }
     out.raw("]");
@@ -347,17 +355,17 @@ class Writer {
     // The nodes are written as text (Note [Writing the nodes as text]); the
     // small rest is a tree, dumped after them. The bytes are what dumping one
     // tree of everything would give.
-    json_ = "{";
+    std::string text = "{";
     // Before the nodes that refer to it, so that a reader reading in order
     // has the table when it needs it.
     Json stacks = module_stacks_json();
-    if (!stacks.empty()) json_ += "\"module_stacks\":" + stacks.dump() + ",";
-    json_ += "\"nodes\":";
+    if (!stacks.empty()) text += "\"module_stacks\":" + stacks.dump() + ",";
+    text += "\"nodes\":";
     // Note [The depth of the written JSON]: the nodes' objects nest no more
     // than 8 levels; only argument lists may nest deeper, and append_nodes
     // says how deep. The rest, written as trees, is scanned for its depth;
     // the nodes' text, most of a big graph's, needs no second pass.
-    const int node_depth = append_nodes(json_);
+    const int node_depth = append_nodes(text);
     Json doc = Json::object();
     Json attributes = Json::array();
     for (const Attribute& a : gm_.attributes()) {
@@ -384,7 +392,10 @@ class Writer {
     }
 
     const std::string rest = doc.dump();
-    json_ += "," + rest.substr(1);  // without its "{"
+    text += ",";
+    text.append(rest, 1);  // without its "{"
+    json_size_ += text.size();
+    json_.push_back(std::move(text));
     // The module stack table is a fixed 4 levels deep; the rest is a document
     // of its own, and nests as it does here.
     format::JsonScan scan = format::scan_json(rest.data(), rest.size(), format::kMaxJsonDepth);
@@ -393,13 +404,16 @@ class Writer {
       fail("the graph's argument lists or specs nest deeper than the format allows (" +
            std::to_string(format::kMaxJsonDepth) + " JSON levels)");
     }
-    if (json_.size() > format::kMaxJsonSize) {
-      fail("the JSON section would be " + std::to_string(json_.size()) +
+    if (json_size_ > format::kMaxJsonSize) {
+      fail("the JSON section would be " + std::to_string(json_size_) +
            " bytes; the format allows " + std::to_string(format::kMaxJsonSize));
     }
     header_.json_offset = format::kHeaderSize;
-    header_.json_size = json_.size();
-    header_.json_crc = format::crc32(json_.data(), json_.size());
+    header_.json_size = json_size_;
+    header_.json_crc = 0;
+    for (const std::string& piece : json_) {
+      header_.json_crc = format::crc32(piece.data(), piece.size(), header_.json_crc);
+    }
     header_.data_offset = format::align_up(header_.json_offset + header_.json_size);
     header_.data_size = data_size_;
     header_.file_size = header_.data_offset + header_.data_size;
@@ -411,7 +425,7 @@ class Writer {
     char header[format::kHeaderSize];
     format::encode_header(header_, header);
     sink(header, sizeof header);
-    sink(json_.data(), json_.size());
+    for (const std::string& piece : json_) sink(piece.data(), piece.size());
     uint64_t pos = header_.json_offset + header_.json_size;
     static const char kZeros[format::kAlignment] = {};
     auto pad_to = [&](uint64_t target) {
@@ -431,10 +445,15 @@ class Writer {
   }
 
  private:
-  // Appends the `nodes` array to `out`, a node at a time (Note [Writing the
-  // nodes as text]); returns the deepest JSON level written (Note [The depth
-  // of the written JSON]).
+  // Appends the `nodes` array to `text`, a node at a time (Note [Writing the
+  // nodes as text]), moving each full piece of it to json_ (Note [The JSON
+  // text in pieces]); returns the deepest JSON level written (Note [The
+  // depth of the written JSON]).
   int append_nodes(std::string& text) {
+    constexpr size_t kPiece = size_t{1} << 20;
+    // Room for a few nodes more past the mark, so a piece is rarely grown.
+    constexpr size_t kFull = kPiece - (size_t{16} << 10);
+    text.reserve(kPiece);
     int deepest = 8;  // "meta": {"val": {"tensors": [{"sizes": [...]}]}}
     JsonText out(text);
     out.raw("[");
@@ -465,6 +484,12 @@ class Writer {
       }
       write_meta(out, n->meta(), module_stack_index(n->meta().module_stack), n);
       out.raw("}");
+      if (text.size() >= kFull) {
+        json_size_ += text.size();
+        json_.push_back(std::move(text));
+        text = std::string();
+        text.reserve(kPiece);
+      }
     }
     out.raw("]");
     return deepest;
@@ -550,7 +575,12 @@ class Writer {
   std::unordered_map<const c10::TensorImpl*, size_t> index_;
   std::vector<StoredTensor> tensors_;
   uint64_t data_size_ = 0;
-  std::string json_;
+  // Note [The JSON text in pieces]: the JSON section, in the order written.
+  // A 200,000-node graph's text is 68 MB; grown as one string it was copied
+  // at each doubling, and the copies and the fresh pages they touched took a
+  // quarter of a save. Pieces of about a megabyte are written once.
+  std::vector<std::string> json_;
+  uint64_t json_size_ = 0;
   format::Header header_;
 };
 
