@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torchcap {
@@ -149,7 +150,8 @@ class GraphModule {
  private:
   std::unique_ptr<Graph> graph_;
   std::vector<Attribute> attributes_;
-  std::map<std::string, size_t> attribute_index_;
+  // Index into attributes_ by name; hashed: a trace adds one per parameter.
+  std::unordered_map<std::string, size_t> attribute_index_;
 };
 
 }  // namespace torchcap
