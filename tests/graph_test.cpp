@@ -212,23 +212,6 @@ TEST(Graph, ReplaceInputWith) {
   EXPECT_TRUE(x->users().empty());
 }
 
-TEST(Graph, ANodeRefusedForItsArgumentsLeavesItsNameFree) {
-  Graph g, other;
-  Node* x = g.placeholder("x");
-  Node* y = other.placeholder("y");
-  g.call_function("aten::relu", {x});
-  EXPECT_THROW(g.call_function("aten::relu", {y}), Error);
-  EXPECT_THROW(g.call_function("aten::neg", {y}), Error);
-  EXPECT_THROW(g.call_function("aten::neg", {static_cast<Node*>(nullptr)}), Error);
-  EXPECT_EQ(g.find("relu_1"), nullptr);
-  EXPECT_EQ(g.find("neg"), nullptr);
-  EXPECT_EQ(names(g), (Names{"x", "relu"}));
-  Node* neg = g.call_function("aten::neg", {x});
-  EXPECT_EQ(neg->name(), "neg");
-  g.output({neg});
-  g.lint();
-}
-
 TEST(Graph, EraseNamesRemainingUsers) {
   Graph g;
   Node* x = g.placeholder("x");

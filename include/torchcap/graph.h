@@ -143,8 +143,7 @@ class Graph {
                std::optional<c10::OperatorHandle> handle, ArgumentList args, Kwargs kwargs);
   void link(Node* n);
   void unlink(Node* n);
-  // Names `n` after `hint` (see create) and indexes it by that name.
-  void assign_name(Node* n, const std::string& hint);
+  std::string unique_name(const std::string& hint);
 
   // Sentinel of the circular list: root_.next_ is the first node.
   Node* root_;

@@ -11,7 +11,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace torchcap {
@@ -150,8 +149,7 @@ class GraphModule {
  private:
   std::unique_ptr<Graph> graph_;
   std::vector<Attribute> attributes_;
-  // Index into attributes_ by name; hashed: a trace adds one per parameter.
-  std::unordered_map<std::string, size_t> attribute_index_;
+  std::map<std::string, size_t> attribute_index_;
 };
 
 }  // namespace torchcap

@@ -8,7 +8,6 @@
 #include <c10/util/Exception.h>
 
 #include <cctype>
-#include <charconv>
 #include <iterator>
 #include <mutex>
 #include <new>
@@ -171,24 +170,11 @@ void Graph::set_insert_point(InsertPoint p) {
   insert_point_ = p;
 }
 
-// Note [Naming a node with one lookup]
-// A trace names a node per operator call, mostly from a stem that is taken
-// already ("addmm" after the first addmm). The name is tried by inserting it
-// into the index (try_emplace does not allocate when the key is there), so a
-// free name costs one lookup and a taken one a failed lookup, the series'
-// counter and the lookup that inserts the next name of the series, instead
-// of a test before each insertion.
-void Graph::assign_name(Node* n, const std::string& hint) {
+std::string Graph::unique_name(const std::string& hint) {
   // Hints are mostly identifiers already (operator stems): no copy to check.
   std::string sanitized = is_identifier(hint) ? std::string() : sanitize(hint);
   const std::string& candidate = sanitized.empty() ? hint : sanitized;
-  n->name_ = candidate;
-  // The index's key views the node's own name, which stays put from here on.
-  auto [it, added] = by_name_.try_emplace(n->name_, n);
-  if (added) {
-    if (reserved_names().count(candidate) == 0) return;
-    by_name_.erase(it);
-  }
+  if (by_name_.count(candidate) == 0 && reserved_names().count(candidate) == 0) return candidate;
   // Strip a numeric suffix so that "add_1" taken again continues as "add_2".
   size_t length = candidate.size();
   size_t us = candidate.find_last_of('_');
@@ -196,16 +182,18 @@ void Graph::assign_name(Node* n, const std::string& hint) {
       candidate.find_first_not_of("0123456789", us + 1) == std::string::npos) {
     length = us;
   }
-  int64_t& counter = name_counters_.try_emplace(candidate.substr(0, length), 0).first->second;
+  auto counter = name_counters_.find(candidate.substr(0, length));
+  if (counter == name_counters_.end()) {
+    counter = name_counters_.emplace(candidate.substr(0, length), 0).first;
+  }
   // An identifier followed by _<digits> is an identifier, and no reserved
   // name ends that way.
-  char digits[24];
+  std::string name;
   for (;;) {
-    auto end = std::to_chars(digits, digits + sizeof(digits), ++counter).ptr;
-    n->name_.assign(candidate, 0, length);
-    n->name_ += '_';
-    n->name_.append(digits, end);
-    if (by_name_.try_emplace(n->name_, n).second) return;
+    name.assign(candidate, 0, length);
+    name += '_';
+    name += std::to_string(++counter->second);
+    if (by_name_.count(name) == 0) return name;
   }
 }
 
@@ -238,18 +226,13 @@ void Graph::unlink(Node* n) {
 Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
                     std::optional<c10::OperatorHandle> handle, ArgumentList args,
                     Kwargs kwargs) {
+  std::string name = unique_name(name_hint);
   void* p = NodeCache::get().allocate();
   Node* n;
   try {
-    n = new (p) Node(this, op, std::string(), std::move(target), std::move(handle));
+    n = new (p) Node(this, op, std::move(name), std::move(target), std::move(handle));
   } catch (...) {
     NodeCache::get().release(p);
-    throw;
-  }
-  try {
-    assign_name(n, name_hint);
-  } catch (...) {
-    destroy_node(n);
     throw;
   }
   try {
@@ -258,10 +241,10 @@ Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
     n->kwargs_ = std::move(kwargs);
     n->commit_inputs(std::move(inputs));
   } catch (...) {
-    by_name_.erase(n->name_);
     destroy_node(n);
     throw;
   }
+  by_name_.emplace(n->name_, n);
   link(n);
   return n;
 }

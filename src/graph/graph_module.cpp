@@ -50,7 +50,7 @@ void GraphModule::set_graph(std::unique_ptr<Graph> g) {
 void GraphModule::set_attribute(const std::string& name, at::Tensor value, AttributeKind kind) {
   if (name.empty()) throw Error("set_attribute: the attribute name is empty");
   // One lookup: a tracer sets an attribute per parameter it meets.
-  auto [it, added] = attribute_index_.try_emplace(name, attributes_.size());
+  auto [it, added] = attribute_index_.emplace(name, attributes_.size());
   if (!added) {
     attributes_[it->second] = Attribute{name, std::move(value), kind};
     return;

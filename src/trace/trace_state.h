@@ -37,7 +37,6 @@ class ModuleTensors {
 
   // The named tensor `t` is, or nullptr.
   const ModuleTensor* find(const c10::TensorImpl* t) const;
-  size_t size() const { return sorted_.size(); }
 
  private:
   std::vector<std::pair<const c10::TensorImpl*, ModuleTensor>> sorted_;

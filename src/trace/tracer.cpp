@@ -69,8 +69,6 @@ TracingSession::~TracingSession() = default;
 TraceState::TraceState(const TraceOptions& options,
                        ModuleTensors module_tensors)
     : id_(next_trace_id++), options_(options), module_tensors_(std::move(module_tensors)) {
-  // Most named tensors are met, each once: no rehashing on the way.
-  known_.reserve(module_tensors_.size());
   if (tls_current != nullptr) {
     // Note [Nested traces]
     // A trace inside a traced function would wrap the outer trace's tensors
@@ -233,17 +231,11 @@ ModuleTensors::ModuleTensors(const ModuleState& state) {
   for (const auto& [name, t] : state.buffers) {
     if (t.defined()) sorted_.push_back({t.unsafeGetTensorImpl(), ModuleTensor{&name, AttributeKind::Buffer}});
   }
-  // Of tied tensors the first named comes first and stays: parameters
-  // before buffers, and within each, names in order, whose addresses in
-  // their vector grow with the order. (A stable sort would do the same with
-  // a buffer of the whole array, allocated and freed again per trace.)
+  // Stable, so that of tied tensors the first named comes first and stays.
   auto by_address = [](const auto& a, const auto& b) {
-    std::less<const void*> less;
-    if (a.first != b.first) return less(a.first, b.first);
-    if (a.second.kind != b.second.kind) return a.second.kind == AttributeKind::Parameter;
-    return less(a.second.name, b.second.name);
+    return std::less<const c10::TensorImpl*>()(a.first, b.first);
   };
-  std::sort(sorted_.begin(), sorted_.end(), by_address);
+  std::stable_sort(sorted_.begin(), sorted_.end(), by_address);
   auto same = [](const auto& a, const auto& b) { return a.first == b.first; };
   sorted_.erase(std::unique(sorted_.begin(), sorted_.end(), same), sorted_.end());
 }
