@@ -174,7 +174,20 @@ class Updater {
     at::Tensor bias_correction2 = at::rsub(at::pow(beta2, step), 1);
     at::Tensor sqrt_bias_correction2 = bias_correction2.sqrt();
     at::Tensor neg_step_size = at::full({}, lr, at::kDouble).div(bias_correction1).neg();
+    // A float64 0-dim tensor in an operator on float32 tensors is converted
+    // to float32 first, each time (TensorIterator's type promotion copies it):
+    // converted once per dtype here, the operators compute the same values
+    // without a conversion per parameter.
+    std::vector<std::pair<at::ScalarType, std::pair<at::Tensor, at::Tensor>>> scalars_by_dtype;
+    auto scalars_for = [&](at::ScalarType dtype) -> const std::pair<at::Tensor, at::Tensor>& {
+      for (const auto& [d, scalars] : scalars_by_dtype) {
+        if (d == dtype) return scalars;
+      }
+      scalars_by_dtype.emplace_back(dtype, std::make_pair(sqrt_bias_correction2.to(dtype), neg_step_size.to(dtype)));
+      return scalars_by_dtype.back().second;
+    };
     for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& [sqrt_bias_correction2_p, neg_step_size_p] = scalars_for(params_[i].tensor.scalar_type());
       at::Tensor grad = decay(i, grads[i]);
       at::Tensor& exp_avg = *moments_[i].exp_avg;
       at::Tensor& exp_avg_sq = *moments_[i].exp_avg_sq;
@@ -186,13 +199,13 @@ class Updater {
         at::max_out(max_sq, exp_avg_sq, max_sq);
         second = max_sq;
       }
-      at::Tensor denom = second.sqrt().div(sqrt_bias_correction2).add_(eps);
+      at::Tensor denom = second.sqrt().div(sqrt_bias_correction2_p).add_(eps);
       // torch::optim's addcdiv_(exp_avg, denom, -step_size) computes
       // self + (value * t1) / t2 in the parameter's dtype; with value * t1
       // computed first (the step size rounded to that dtype, as a Scalar
       // is), addcdiv_ with value 1 gives the same bits in one operator
       // fewer than mul, div and add_.
-      params_[i].tensor.addcdiv_(exp_avg.mul(neg_step_size), denom);
+      params_[i].tensor.addcdiv_(exp_avg.mul(neg_step_size_p), denom);
     }
   }
 
