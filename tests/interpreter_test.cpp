@@ -347,6 +347,70 @@ TEST(Memory, UnusedOutputsAreDroppedAtOnce) {
   EXPECT_LE(stats.peak_live_values, 2u);
 }
 
+// Note [Results written over a dying argument] (interpreter.cpp).
+
+TEST(Overwrites, AnElementwiseResultGoesIntoAnArgumentThatDiesThere) {
+  GraphModule gm = trace([](IValues in) {
+    return c10::IValue(at::relu(in[0].toTensor() * 2) * 3);
+  }, {at::randn({4, 5})});
+  at::Tensor x = at::randn({4, 5});
+  at::Tensor before = x.clone();
+  Interpreter::Result r = Interpreter(gm).run_with_stats({x});
+  EXPECT_TRUE(at::equal(r.outputs.toTensor(), at::relu(before * 2) * 3));
+  EXPECT_EQ(r.stats.results_over_arguments, 2u);  // relu and the last product, each into its argument
+  EXPECT_TRUE(at::equal(x, before));  // the input is never written
+}
+
+TEST(Overwrites, NotIntoAValueReadLater) {
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor a = in[0].toTensor() * 2;
+    at::Tensor b = at::relu(a);
+    return c10::IValue(a + b);  // a is read after relu
+  }, {at::randn({6})});
+  at::Tensor x = at::randn({6});
+  at::Tensor a = x * 2;
+  Interpreter::Result r = Interpreter(gm).run_with_stats({x});
+  EXPECT_TRUE(at::equal(r.outputs.toTensor(), a + at::relu(a)));
+  EXPECT_EQ(r.stats.results_over_arguments, 1u);  // only the sum, into a or relu's result
+}
+
+TEST(Overwrites, NotIntoAViewOfAnInputOrAnAttribute) {
+  at::Tensor w = at::randn({2, 3});
+  ModuleState state;
+  state.parameters.emplace_back("w", w);
+  TracedFunction f = [&](IValues in) -> c10::IValue {
+    // Both relus read views (run as views) of tensors the run does not own.
+    return c10::ivalue::Tuple::create({at::relu(in[0].toTensor().view({-1})),
+                                       at::relu(w.t()) + 1});
+  };
+  at::Tensor x = at::randn({2, 3});
+  GraphModule gm = export_program(state, f, {x});
+  at::Tensor x_before = x.clone(), w_before = w.clone();
+  Interpreter::Result r = Interpreter(gm).run_with_stats({x});
+  auto out = r.outputs.toTupleRef().elements();
+  EXPECT_TRUE(at::equal(out[0].toTensor(), at::relu(x_before.view({-1}))));
+  EXPECT_TRUE(at::equal(out[1].toTensor(), at::relu(w_before.t()) + 1));
+  EXPECT_TRUE(at::equal(x, x_before));
+  EXPECT_TRUE(at::equal(gm.attribute("w").value, w_before));
+  EXPECT_EQ(r.stats.results_over_arguments, 1u);  // only + 1, into relu's result
+}
+
+TEST(Overwrites, NotWhenTheArgumentHasAnotherLayout) {
+  // relu of a transposed intermediate: the result is laid out as its
+  // argument (column-major) and recorded so; the sum that follows has a
+  // row-major broadcast partner, so its result is row-major and the
+  // transposed argument is not its buffer.
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor t = (in[0].toTensor() * 2).t();
+    return c10::IValue(at::relu(t) + in[1].toTensor());
+  }, {at::randn({3, 4}), at::randn({4, 3})});
+  at::Tensor x = at::randn({3, 4}), y = at::randn({4, 3});
+  Interpreter::Result r = Interpreter(gm).run_with_stats({x, y});
+  at::Tensor expected = at::relu((x * 2).t()) + y;
+  EXPECT_TRUE(at::equal(r.outputs.toTensor(), expected));
+  EXPECT_EQ(r.outputs.toTensor().strides(), expected.strides());
+}
+
 // Note [Run frames] (interpreter.cpp): each thread reuses one frame; these
 // show it holds nothing between runs and is not shared by nested runs.
 

@@ -33,6 +33,9 @@ struct InterpreterPlan;
 struct RunStats {
   size_t nodes_executed = 0;
   size_t peak_live_values = 0;  // most intermediate values held at once
+  // Results written into the buffer of an argument that died there, instead
+  // of a new tensor (Note [Results written over a dying argument]).
+  size_t results_over_arguments = 0;
 };
 
 struct InterpreterOptions {

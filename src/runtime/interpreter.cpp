@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -55,6 +56,16 @@ struct Instruction {
   at::Tensor into;
   c10::OperatorHandle into_op;
   std::vector<c10::IValue> into_extra;
+  // Note [Results written over a dying argument]: when set, the result may
+  // be written by `op` (the out variant) into one of the arguments `args`
+  // (indices into `args`), found at run time to be held by nothing else.
+  struct Overwrite {
+    std::vector<int32_t> args;
+    c10::OperatorHandle op;
+    std::vector<c10::IValue> extra;
+    TensorMeta result;
+  };
+  std::shared_ptr<const Overwrite> overwrite;
 };
 
 // What an error needs to say about a node.
@@ -183,6 +194,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     plan_->num_values = next_value_;
     if (is_functional(gm_.graph())) write_updates_in_place(*plan_);
     compute_frees(*plan_);
+    plan_overwrites(*plan_);
     for (const Instruction& i : plan_->instructions) plan_->max_args = std::max(plan_->max_args, i.args.size());
     return std::move(plan_);
   }
@@ -221,7 +233,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   }
 
   PlanValue call_operator(const Node& n, const std::vector<BoundArgument>& args) override {
-    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1, -1, {}, n.op_handle(), {}};
+    Instruction ins{n.op_handle(), {}, -1, 0, false, {}, -1, -1, {}, n.op_handle(), {}, nullptr};
     if (views_for_copies_) {
       if (const c10::OperatorHandle* view = view_for_copy(n)) ins.op = *view;
     }
@@ -400,7 +412,8 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
         "aten::mul.Tensor", "aten::mul.Scalar", "aten::div.Tensor", "aten::div.Scalar",
         "aten::addcmul",    "aten::addcdiv",    "aten::where.self", "aten::maximum",
         "aten::max.other",  "aten::clamp_min",  "aten::lerp.Scalar", "aten::neg",
-        "aten::sqrt",       "aten::rsub.Tensor",
+        "aten::sqrt",       "aten::rsub.Tensor", "aten::relu",       "aten::threshold_backward",
+        "aten::sigmoid",    "aten::tanh",       "aten::sigmoid_backward", "aten::tanh_backward",
     };
     const c10::FunctionSchema& schema = op.schema();
     std::string name = schema.overload_name().empty() ? schema.name()
@@ -511,6 +524,48 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     }
   }
 
+  // Note [Results written over a dying argument]
+  // Most intermediate results are the size of an argument that dies where
+  // they are made: relu of a batch norm's output, relu's backward of the
+  // incoming gradient, each step of an optimizer's update. Written through
+  // the out variant into that argument's buffer, such a result needs no
+  // allocation: for a large tensor that is memory the system maps afresh
+  // (page faults) at every run once the heap has shrunk, for a small one a
+  // malloc and a free. Only elementwise operators (each element is read
+  // before it is written, as in their in-place forms), only arguments whose
+  // last use this is, and only when at run time the argument's tensor and
+  // storage are held by nothing else (not a view of an input, an attribute
+  // or a value still live) and it has the result's recorded sizes, strides
+  // and dtype, so that the result is laid out as the operator lays it out.
+  // The out variant runs the functional operator's kernel: the same bits.
+  void plan_overwrites(detail::InterpreterPlan& plan) const {
+    for (size_t k = 0; k < plan.instructions.size(); ++k) {
+      Instruction& ins = plan.instructions[k];
+      if (ins.num_outputs != 1 || ins.explode || ins.planned >= 0 || ins.into.defined() ||
+          !results_[k] || !elementwise(ins.op)) {
+        continue;
+      }
+      std::vector<int32_t> candidates;
+      for (size_t a = 0; a < ins.args.size(); ++a) {
+        const Slot& s = ins.args[a];
+        if (s.kind != Slot::Kind::Value ||
+            std::find(ins.frees.begin(), ins.frees.end(), s.index) == ins.frees.end()) {
+          continue;
+        }
+        size_t uses = 0;
+        for (const Slot& other : ins.args) {
+          uses += other.kind == Slot::Kind::Value && other.index == s.index ? 1 : 0;
+        }
+        if (uses == 1) candidates.push_back(static_cast<int32_t>(a));
+      }
+      if (candidates.empty()) continue;
+      std::optional<detail::OutForm> form = detail::out_form(ins.op);
+      if (!form) continue;
+      ins.overwrite = std::make_shared<const Instruction::Overwrite>(
+          Instruction::Overwrite{std::move(candidates), form->op, form->extra, *results_[k]});
+    }
+  }
+
   // Note [Freeing values after their last use]
   // One reverse walk: the first time a value is seen (from the end), that
   // instruction is its last use, so the value is released right after it.
@@ -548,6 +603,17 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   std::map<std::string, std::optional<c10::OperatorHandle>> view_ops_;
   std::vector<std::optional<TensorMeta>> results_;  // per instruction: its one tensor result
 };
+
+// Note [Results written over a dying argument]: whether the run may write
+// the result, laid out as `result`, into the argument `v`.
+bool can_overwrite(const c10::IValue& v, const TensorMeta& result) {
+  if (!v.isTensor()) return false;
+  const at::Tensor& t = v.toTensor();
+  return t.defined() && t.use_count() == 1 && t.has_storage() && t.storage().use_count() == 1 &&
+         t.scalar_type() == result.dtype && t.device() == result.device &&
+         t.sizes() == c10::IntArrayRef(result.sizes) && t.strides() == c10::IntArrayRef(result.strides) &&
+         t.is_non_overlapping_and_dense() && !t.is_conj() && !t.is_neg();
+}
 
 std::string describe_input(const at::Tensor& t) { return TensorMeta::of(t).str(); }
 
@@ -734,10 +800,29 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
     return c10::IValue();
   };
 
+  size_t overwritten = 0;
   for (const Instruction& ins : plan.instructions) {
     for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
+    // Note [Results written over a dying argument]: the arguments are on the
+    // stack and die here, so the value table lets go of them first.
+    int32_t overwrite = -1;
+    if (ins.overwrite) {
+      for (int32_t a : ins.overwrite->args) values[ins.args[a].index] = c10::IValue();
+      for (int32_t a : ins.overwrite->args) {
+        if (can_overwrite(stack[a], ins.overwrite->result)) {
+          overwrite = a;
+          break;
+        }
+      }
+    }
     try {
-      if (ins.into.defined()) {
+      if (overwrite >= 0) {
+        for (const c10::IValue& e : ins.overwrite->extra) stack.push_back(e);
+        c10::IValue out = stack[overwrite];
+        stack.push_back(std::move(out));
+        ins.overwrite->op.callBoxed(&stack);
+        ++overwritten;
+      } else if (ins.into.defined()) {
         for (const c10::IValue& e : ins.into_extra) stack.push_back(e);
         stack.emplace_back(ins.into);
         ins.into_op.callBoxed(&stack);
@@ -782,6 +867,7 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
   for (const Slot& s : plan.outputs) out.push_back(fetch(s, fetch).toTensor());
   stats.nodes_executed = plan.instructions.size();
   stats.peak_live_values = peak;
+  stats.results_over_arguments = overwritten;
   return out;
 }
 
