@@ -8,10 +8,12 @@
 #include "zoo.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <thread>
 
@@ -272,6 +274,63 @@ TEST(UpdatesInPlace, TheLastOperatorOfAnUpdateWritesIntoTheBuffer) {
   EXPECT_TRUE(at::equal(buf, expected.mul(0.5).add(x)));
 }
 
+// Counts the CPU allocator's allocations of at least `bytes` while installed.
+class LargeAllocations final : public c10::Allocator {
+ public:
+  explicit LargeAllocations(size_t bytes) : bytes_(bytes), inner_(c10::GetCPUAllocator()) {
+    c10::SetCPUAllocator(this, kPriority);
+  }
+  ~LargeAllocations() override { c10::SetCPUAllocator(inner_, kPriority); }
+  c10::DataPtr allocate(size_t n) const override {
+    if (n >= bytes_) ++count_;
+    return inner_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
+  size_t count() const { return count_; }
+
+ private:
+  static constexpr uint8_t kPriority = 201;
+  size_t bytes_;
+  c10::Allocator* inner_;
+  mutable std::atomic<size_t> count_{0};
+};
+
+TEST(UpdatesInPlace, AnUpdateRunsInPlaceFromItsFirstOperator) {
+  GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
+    buf.mul_(0.5).add_(x);
+    return c10::IValue(buf * 3);
+  });
+  at::Tensor buf = gm.attribute("buf").value;
+  at::Tensor before = buf.clone();
+  Interpreter interp(gm);
+  at::Tensor x = at::arange(3, at::kFloat);
+  size_t allocations = 0;
+  {
+    LargeAllocations count(3 * sizeof(float));  // not the Scalars' 0-dim tensors
+    interp.run({x});
+    allocations = count.count();
+  }
+  EXPECT_TRUE(at::equal(buf, before.mul(0.5).add(x))) << buf;
+  EXPECT_EQ(allocations, 1u);  // the result; mul's value is the buffer itself
+}
+
+TEST(UpdatesInPlace, NotFromTheFirstOperatorWhenTheOldValueIsReadInBetween) {
+  GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
+    at::Tensor half = buf.mul(0.5);
+    at::Tensor old = buf + 1;  // after mul, before the update's last operator
+    buf.copy_(half.add(x));
+    return c10::IValue(old);
+  });
+  at::Tensor buf = gm.attribute("buf").value;
+  at::Tensor before = buf.clone();
+  Interpreter interp(gm);
+  EXPECT_EQ(interp.updated_in_place(), std::vector<std::string>{"buf"});
+  at::Tensor x = at::arange(3, at::kFloat);
+  at::Tensor out = interp.run({x}).toTensor();
+  EXPECT_TRUE(at::equal(out, before + 1)) << out;
+  EXPECT_TRUE(at::equal(buf, before.mul(0.5).add(x))) << buf;
+}
+
 TEST(UpdatesInPlace, NotWhenTheNewValueIsAlsoAResult) {
   // The result must not be the buffer itself, which the next run changes.
   GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
@@ -409,6 +468,26 @@ TEST(Overwrites, NotWhenTheArgumentHasAnotherLayout) {
   at::Tensor expected = at::relu((x * 2).t()) + y;
   EXPECT_TRUE(at::equal(r.outputs.toTensor(), expected));
   EXPECT_EQ(r.outputs.toTensor().strides(), expected.strides());
+}
+
+// Note [Scalar operators as Tensor operators] (interpreter.cpp): the same
+// values as the Scalar overloads' own kernels, for every dtype's promotion.
+TEST(ScalarOperators, SameValuesAsTheirOwnKernels) {
+  auto f = [](IValues in) -> c10::IValue {
+    at::Tensor x = in[0].toTensor();
+    return c10::ivalue::Tuple::create({x * 0.1, x.add(0.3, 2), x / 3.0, x - 7, x.sub(1.5, 0.25), x * 3});
+  };
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong}) {
+    at::Tensor example = (at::randn({7}) * 10).to(dtype);
+    GraphModule gm = trace(f, {example});
+    at::Tensor x = (at::randn({7}) * 10).to(dtype);
+    auto actual = Interpreter(gm).run({x}).toTupleRef().elements();
+    auto expected = f({x}).toTupleRef().elements();
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(actual[i].toTensor().scalar_type(), expected[i].toTensor().scalar_type()) << dtype << " " << i;
+      EXPECT_TRUE(at::equal(actual[i].toTensor(), expected[i].toTensor())) << dtype << " " << i;
+    }
+  }
 }
 
 // Note [Run frames] (interpreter.cpp): each thread reuses one frame; these

@@ -176,10 +176,12 @@ class Updater {
     at::Tensor neg_step_size = at::full({}, lr, at::kDouble).div(bias_correction1).neg();
     // A float64 0-dim tensor in an operator on float32 tensors is converted
     // to float32 first, each time (TensorIterator's type promotion copies it):
-    // converted once per dtype here, the operators compute the same values
-    // without a conversion per parameter.
+    // converted once here, the operators compute the same values without a
+    // conversion per parameter. (Kernels of float16 and bfloat16 read such
+    // an operand as it was before the conversion: theirs stays float64.)
     std::vector<std::pair<at::ScalarType, std::pair<at::Tensor, at::Tensor>>> scalars_by_dtype;
     auto scalars_for = [&](at::ScalarType dtype) -> const std::pair<at::Tensor, at::Tensor>& {
+      if (dtype != at::kFloat) dtype = at::kDouble;
       for (const auto& [d, scalars] : scalars_by_dtype) {
         if (d == dtype) return scalars;
       }

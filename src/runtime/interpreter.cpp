@@ -8,6 +8,7 @@
 #include "graph/schema_check.h"
 #include "runtime/planned_memory.h"
 
+#include <ATen/ScalarOps.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -239,6 +240,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     }
     ins.args.reserve(args.size());
     for (const BoundArgument& a : args) ins.args.push_back(slot_of(a, n));
+    if (!options_.plan_memory) tensor_form_of_scalar_operator(n, ins);
     if (std::optional<PlanValue> folded = fold_view(n, ins)) return *folded;
     PlanValue result;
     switch (detail::produces(n)) {
@@ -359,6 +361,55 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     return nullptr;
   }
 
+  // Note [Scalar operators as Tensor operators]
+  // LibTorch 1.13's kernels of `add.Scalar`, `sub.Scalar`, `mul.Scalar` and
+  // `div.Scalar` wrap the Scalar in a 0-dim tensor marked as a wrapped
+  // number and call the `.Tensor` overload. With a constant Scalar the
+  // interpreter makes that tensor once, here, and calls the `.Tensor`
+  // overload itself: the same kernel on the same operands, without a tensor
+  // made per call, and with an out variant of its own (the `.Scalar` ones
+  // are composites that compute into a new tensor and copy it). A floating
+  // Scalar with a float32 or float64 result is made in the result's dtype:
+  // type promotion takes a wrapped number's floating dtype for the default
+  // one whichever it is, and TensorIterator converts the operand to the
+  // result's dtype before computing, which it then need not do per call.
+  // (Kernels of float16 and bfloat16 read the operand as it was before
+  // that conversion, so for them it stays float64.)
+  // Not for a planned interpreter, whose plan calls the node's own out
+  // variant.
+  void tensor_form_of_scalar_operator(const Node& n, Instruction& ins) {
+    static const char* const kScalarOperators[] = {"add", "sub", "mul", "div"};
+    const c10::FunctionSchema& schema = ins.op.schema();
+    if (schema.overload_name() != "Scalar" || ins.args.size() < 2 ||
+        ins.args[1].kind != Slot::Kind::Constant || !ins.args[1].constant.isScalar()) {
+      return;
+    }
+    const std::string& name = schema.name();
+    bool known = false;
+    for (const char* op : kScalarOperators) known = known || name == std::string("aten::") + op;
+    if (!known) return;
+    auto it = tensor_ops_.find(name);
+    if (it == tensor_ops_.end()) {
+      c10::optional<c10::OperatorHandle> handle = c10::Dispatcher::singleton().findSchema({name, "Tensor"});
+      std::optional<c10::OperatorHandle> found;
+      if (handle) found = *handle;
+      it = tensor_ops_.emplace(name, std::move(found)).first;
+    }
+    if (!it->second) return;
+    const c10::Scalar scalar = ins.args[1].constant.toScalar();
+    const ValueMeta& result = n.meta().val;
+    // Made without the dispatcher: an interpreter built while a trace
+    // records would otherwise record it.
+    at::Tensor wrapped =
+        scalar.isFloatingPoint() && result.kind == ValueKind::Tensor && result.tensors.size() == 1 &&
+                (result.tensors[0].dtype == at::kFloat || result.tensors[0].dtype == at::kDouble)
+            ? at::detail::scalar_tensor_static(scalar, result.tensors[0].dtype, at::kCPU)
+            : c10::scalar_to_tensor(scalar);
+    wrapped.unsafeGetTensorImpl()->set_wrapped_number(true);
+    ins.op = *it->second;
+    ins.args[1].constant = std::move(wrapped);
+  }
+
   // A view of attributes only (`t(weight)`) is computed once, here: it
   // aliases the attribute's memory, so it stays right even when the graph
   // updates the attribute in place.
@@ -424,6 +475,13 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     return false;
   }
 
+  // Whether an out variant computes into its out argument: one with a CPU
+  // kernel of its own, not a composite that computes into a new tensor and
+  // copies (Note [Out variants that write in place], memory_plan.cpp).
+  static bool writes_in_place(const detail::OutForm& form) {
+    return form.op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  }
+
   void write_updates_in_place(detail::InterpreterPlan& plan) const {
     // The attribute storages each value may share: views (the interpreter
     // runs `*_copy` as views) pass on their arguments'.
@@ -476,6 +534,16 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     for (const Slot& o : plan.outputs) {
       if (o.kind == Slot::Kind::Value) ++outputs_of_value[o.index];
     }
+    // How often each value is read, by instructions and outputs.
+    std::vector<size_t> reads_of(plan.num_values, 0);
+    auto count_reads = [&](const Slot& s, auto&& self) -> void {
+      if (s.kind == Slot::Kind::Value) ++reads_of[s.index];
+      for (const Slot& e : s.elements) self(e, self);
+    };
+    for (const Instruction& i : plan.instructions) {
+      for (const Slot& a : i.args) count_reads(a, count_reads);
+    }
+    for (const Slot& o : plan.outputs) count_reads(o, count_reads);
 
     for (size_t w = 0; w < plan.write_backs.size(); ++w) {
       detail::InterpreterPlan::WriteBack& wb = plan.write_backs[w];
@@ -491,11 +559,11 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
           !elementwise(ins.op)) {
         continue;
       }
-      const std::optional<TensorMeta>& meta = results_[k];
-      if (!meta || meta->dtype != wb.buffer.scalar_type() || meta->device != wb.buffer.device() ||
-          c10::IntArrayRef(meta->sizes) != wb.buffer.sizes()) {
-        continue;
-      }
+      auto fits = [&](const std::optional<TensorMeta>& meta) {
+        return meta && meta->dtype == wb.buffer.scalar_type() && meta->device == wb.buffer.device() &&
+               c10::IntArrayRef(meta->sizes) == wb.buffer.sizes();
+      };
+      if (!fits(results_[k])) continue;
       const at::Tensor& target = wb.buffer;
       const c10::StorageImpl* storage = target.storage().unsafeGetStorageImpl();
       bool safe = true;
@@ -521,6 +589,39 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       ins.into_op = form->op;
       ins.into_extra = form->extra;
       wb.in_place = true;
+
+      // The step before it, when it is an elementwise operator of the
+      // attribute itself whose result only the update reads (`mul(buf,
+      // momentum)` before `add(that, grad)`), and nothing after it reads
+      // the attribute's old value, writes into the attribute as well: the
+      // update then runs in place from its first operator, as torch::optim's
+      // mul_ and add_ do, and the value between them needs no tensor.
+      for (const Slot& a : ins.args) {
+        if (a.kind != Slot::Kind::Value || producer[a.index] < 0 || reads_of[a.index] != 1 ||
+            outputs_of_value.count(a.index) != 0) {
+          continue;
+        }
+        const size_t q = static_cast<size_t>(producer[a.index]);
+        Instruction& first = plan.instructions[q];
+        if (first.num_outputs != 1 || first.explode || first.planned >= 0 || first.into.defined() ||
+            !elementwise(first.op) || !fits(results_[q])) {
+          continue;
+        }
+        bool reads_itself = false, reads_a_view = false;
+        for (const Slot& b : first.args) {
+          bool itself = b.kind == Slot::Kind::Attribute && plan.attributes[b.index].is_same(target);
+          reads_itself = reads_itself || itself;
+          reads_a_view = reads_a_view || (!itself && reads(b, storage));
+        }
+        if (!reads_itself || reads_a_view) continue;
+        if (auto it = last_read.find(storage); it != last_read.end() && it->second > q) continue;
+        std::optional<detail::OutForm> first_form = detail::out_form(first.op);
+        if (!first_form || !writes_in_place(*first_form)) continue;
+        first.into = target;
+        first.into_op = first_form->op;
+        first.into_extra = first_form->extra;
+        break;
+      }
     }
   }
 
@@ -560,7 +661,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       }
       if (candidates.empty()) continue;
       std::optional<detail::OutForm> form = detail::out_form(ins.op);
-      if (!form) continue;
+      if (!form || !writes_in_place(*form)) continue;
       ins.overwrite = std::make_shared<const Instruction::Overwrite>(
           Instruction::Overwrite{std::move(candidates), form->op, form->extra, *results_[k]});
     }
@@ -601,6 +702,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   int32_t next_value_ = 0;
   bool views_for_copies_ = false;  // Note [Views for copies in functional graphs]
   std::map<std::string, std::optional<c10::OperatorHandle>> view_ops_;
+  std::map<std::string, std::optional<c10::OperatorHandle>> tensor_ops_;  // "aten::add" -> add.Tensor
   std::vector<std::optional<TensorMeta>> results_;  // per instruction: its one tensor result
 };
 
