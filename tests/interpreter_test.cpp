@@ -252,11 +252,16 @@ GraphModule updates_its_buffer(const std::function<c10::IValue(at::Tensor&, cons
                         {at::zeros({3})});
 }
 
-TEST(UpdatesInPlace, TheLastOperatorOfAnUpdateWritesIntoTheBuffer) {
-  GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
+// buf = buf * 0.5 + x, in place; returns buf * 3.
+GraphModule halves_and_adds_into_its_buffer() {
+  return updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
     buf.mul_(0.5).add_(x);
     return c10::IValue(buf * 3);
   });
+}
+
+TEST(UpdatesInPlace, TheLastOperatorOfAnUpdateWritesIntoTheBuffer) {
+  GraphModule gm = halves_and_adds_into_its_buffer();
   at::Tensor buf = gm.attribute("buf").value;
   at::Tensor before = buf.clone();
   Interpreter interp(gm);
@@ -296,10 +301,7 @@ class LargeAllocations final : public c10::Allocator {
 };
 
 TEST(UpdatesInPlace, AnUpdateRunsInPlaceFromItsFirstOperator) {
-  GraphModule gm = updates_its_buffer([](at::Tensor& buf, const at::Tensor& x) {
-    buf.mul_(0.5).add_(x);
-    return c10::IValue(buf * 3);
-  });
+  GraphModule gm = halves_and_adds_into_its_buffer();
   at::Tensor buf = gm.attribute("buf").value;
   at::Tensor before = buf.clone();
   Interpreter interp(gm);
