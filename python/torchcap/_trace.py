@@ -422,6 +422,9 @@ def _getattr_making_graph(self, name):
     if name == "_graph":
         build = self.__dict__.pop("_torchcap_build_graph", None)
         if build is not None:
+            # Attribute lookups in the generated forward need not pass
+            # through here once the graph exists.
+            del type(self).__getattr__
             _set_graph_generating_code_later(self, build())
             return self.__dict__["_graph"]
     return torch.nn.Module.__getattr__(self, name)
