@@ -11,12 +11,14 @@ torch.fx.GraphModule, with torchcap.load's code generator, whose attributes
 are the module's own parameters and buffers.
 """
 
+import collections
 import operator
 import os
 
 import torch
 import torch.nn
 import torch.utils._pytree as pytree
+from torch.fx.graph_module import _WrappedCall
 
 from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import (TorchcapCodeGen, _Spec, _cyclic_gc_paused,
@@ -80,11 +82,63 @@ def _module_names(root):
     "layer1": ("layer1", ...), ...}), whether f is the module or a bound method
     of it.
     """
-    if root is None:
-        return []
-    return [(m, name, f"{type(m).__module__}.{type(m).__qualname__}")
-            for name, m in root.named_modules()]
+    return [] if root is None else _module_contents(root, True)[2]
 
+
+def _class_name(cls, names={}):  # noqa: B006 -- a cache, per class
+    name = names.get(cls)
+    if name is None:
+        name = names[cls] = f"{cls.__module__}.{cls.__qualname__}"
+    return name
+
+
+_WALKED = (torch.nn.Module.named_modules, torch.nn.Module.named_parameters,
+           torch.nn.Module.named_buffers, torch.nn.Module._named_members)
+
+
+def _walks_as_module(cls, plain={torch.nn.Module: True}):  # noqa: B006 -- a cache, per class
+    """Whether cls lists its modules, parameters and buffers as nn.Module does."""
+    known = plain.get(cls)
+    if known is None:
+        known = plain[cls] = all(getattr(cls, f.__name__, None) is f for f in _WALKED)
+    return known
+
+
+def _module_contents(root, with_modules):
+    """(named_parameters(), named_buffers(), and if with_modules the
+    _module_names() entries) of root, in one walk over its modules.
+
+    The module tree is walked once, as named_modules() walks it (depth first,
+    each module once), collecting each module's parameters and buffers as
+    named_parameters() and named_buffers() do (each tensor once, under its
+    first name, None skipped); three walks with nested generators cost about
+    1 us per module. A module whose class lists them its own way is asked
+    through its methods.
+    """
+    parameters, buffers, modules = [], [], []
+    seen_modules, seen_parameters, seen_buffers = set(), set(), set()
+    stack = [("", root)]
+    while stack:
+        path, m = stack.pop()
+        if id(m) in seen_modules:
+            continue
+        if not _walks_as_module(type(m)):
+            return (list(root.named_parameters()), list(root.named_buffers()),
+                    [(m, name, _class_name(type(m))) for name, m in root.named_modules()]
+                    if with_modules else [])
+        seen_modules.add(id(m))
+        if with_modules:
+            modules.append((m, path, _class_name(type(m))))
+        prefix = path + "." if path else ""
+        for members, out, seen in ((m._parameters, parameters, seen_parameters),
+                                   (m._buffers, buffers, seen_buffers)):
+            for name, t in members.items():
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    out.append((prefix + name, t))
+        children = [(prefix + name, c) for name, c in m._modules.items() if c is not None]
+        stack.extend(reversed(children))
+    return parameters, buffers, modules
 
 
 # --- Errors --------------------------------------------------------------------
@@ -171,8 +225,8 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
                         f"{type(f).__name__}")
     args, kwargs = _check_args(args, kwargs)
     module = _module_of(f)
-    parameters = list(module.named_parameters()) if module is not None else []
-    buffers = list(module.named_buffers()) if module is not None else []
+    parameters, buffers, modules = (_module_contents(module, record_stack_traces)
+                                    if module is not None else ([], [], []))
     if preserve is not None:
         preserve = [_operator_name(op) for op in preserve]
     out_spec = []
@@ -182,7 +236,6 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
         out_spec.append(pytree.tree_flatten(out)[1])
         return out
 
-    modules = _module_names(module) if record_stack_traces else []
     with _cyclic_gc_paused():  # Note [No collections] in _load.py
         try:
             graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
@@ -202,10 +255,6 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     gm.in_spec = pytree.tree_flatten((args, kwargs))[1]
     gm.out_spec = out_spec[0] if out_spec else None
     gm._torchcap_call_structure = _call_structure(args, kwargs)
-    # GraphModule gives each instance a class of its own; its _wrapped_call
-    # (what calling the module runs) is set once and kept across recompiles.
-    cls = type(gm)
-    cls._wrapped_call = _CheckedCall(cls._wrapped_call)
     return gm
 
 
@@ -342,6 +391,66 @@ def _set_tensor(gm, name, tensor, is_parameter):
         owner._buffers[leaf] = tensor
 
 
+def _set_traced_tensors(gm, attributes):
+    """_set_tensor for each (name, kind, tensor) of a trace, on a GraphModule
+    that has no submodules yet: each owner module is made once, as a new
+    torch.nn.Module() (_new_module)."""
+    owners = {"": gm}
+    for name, kind, tensor in attributes:
+        path, _, leaf = name.rpartition(".")
+        owner = owners.get(path)
+        if owner is None:
+            owner = gm
+            prefix = ""
+            for part in path.split("."):
+                prefix = prefix + "." + part if prefix else part
+                child = owners.get(prefix)
+                if child is None:
+                    child = owners[prefix] = owner._modules[part] = _new_module()
+                owner = child
+        if kind == "parameter" and isinstance(tensor, torch.nn.Parameter):
+            owner._parameters[leaf] = tensor
+        else:
+            owner._buffers[leaf] = tensor
+
+
+def _module_maker():
+    """A function making a torch.nn.Module as torch.nn.Module() makes it.
+
+    A trace's attributes sit in one plain module per dotted prefix ("0" for
+    "0.weight" in an nn.Sequential), and Module() costs about 2 us, a third
+    of a microsecond per node on the MLP-200. A new module's __dict__ holds
+    only constants and empty containers (`training`, `_parameters`, ...),
+    so a copy of one, with new containers, is a new module: made by one dict
+    display. If this torch makes modules otherwise, Module() it is.
+    """
+    Module = torch.nn.Module
+    template = vars(Module())
+    fields, names = [], {"Module": Module, "new": object.__new__}
+    for i, (key, value) in enumerate(template.items()):
+        if type(value) in (dict, set, collections.OrderedDict) and not value:
+            names[f"c{i}"] = type(value)
+            fields.append(f"{key!r}: c{i}()")
+        elif value is None or type(value) is bool:
+            fields.append(f"{key!r}: {value!r}")
+        else:
+            return Module
+    if Module.__new__ is not object.__new__ or type(Module) is not type:
+        return Module
+    source = ("def new_module():\n"
+              "    m = new(Module)\n"
+              f"    m.__dict__.update({{{', '.join(fields)}}})\n"
+              "    return m\n")
+    exec(source, names)  # noqa: S102 -- source made above from the template's keys
+    made = names["new_module"]()
+    if type(made) is not Module or vars(made) != template:
+        return Module
+    return names["new_module"]
+
+
+_new_module = _module_maker()
+
+
 def _fx_graph(graph, keywords, direct=True):
     """The torch.fx.Graph of a torchcap._C.GraphModule, with its code generator.
 
@@ -364,8 +473,10 @@ def _fx_graph(graph, keywords, direct=True):
     return fx_graph
 
 
-def _to_fx(graph, kwargs):
+def _to_fx(graph, kwargs, checked=True):
     """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors.
+    checked: calls are checked against the traced arguments' structure
+    (_CheckedCall; in_spec is set on the module afterwards).
 
     Its torch.fx graph is made when first needed (Note [Graph made on first
     use]) and its forward() generated and compiled when first needed after
@@ -373,15 +484,13 @@ def _to_fx(graph, kwargs):
     _load.py).
     """
     keywords = list(kwargs.keys())
-    gm = torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
-                              class_name="TorchcapGraphModule")
+    gm = _new_graph_module(checked)
     # The traced tensors: the module's own parameters and buffers (the same
     # objects), except buffers the program wrote, of which the graph keeps the
     # values from before the trace (the trace ran the program, which updated
     # the module's own).
     attributes = graph.attributes()
-    for name, kind, tensor in attributes:
-        _set_tensor(gm, name, tensor, kind == "parameter")
+    _set_traced_tensors(gm, attributes)
     _set_graph_built_later(gm, lambda: _fx_graph(graph, keywords))
     gm._torchcap_graph = graph
     gm._torchcap_keywords = keywords
@@ -391,6 +500,35 @@ def _to_fx(graph, kwargs):
     if any(isinstance(t, torch.Tensor) and t.is_meta for _, _, t in attributes):
         gm.register_forward_pre_hook(_refuse_unbound_weights)
     return gm
+
+
+def _new_graph_module(checked):
+    """torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
+    class_name="TorchcapGraphModule"), without generating and compiling the
+    code of that empty graph, which its graph setter does (about 40 us a
+    trace; the traced graph replaces it, Note [Graph made on first use]).
+
+    That compile also sets what calling the module runs, once per class (each
+    GraphModule has a class of its own): `_wrapped_call`, kept across
+    recompiles, and `__call__`, which calls it. They are set here as it sets
+    them; `checked`: with _CheckedCall around the wrapped call.
+    """
+    gm = torch.fx.GraphModule.__new__(torch.fx.GraphModule)
+    cls = type(gm)
+    cls.recompile = lambda self: None
+    try:
+        gm.__init__(torch.nn.Module(), torch.fx.Graph(), class_name="TorchcapGraphModule")
+    finally:
+        del cls.recompile
+    cls._wrapped_call = _WrappedCall(cls, None)
+    if checked:
+        cls._wrapped_call = _CheckedCall(cls._wrapped_call)
+    cls.__call__ = _call_wrapped
+    return gm
+
+
+def _call_wrapped(self, *args, **kwargs):
+    return self._wrapped_call(self, *args, **kwargs)
 
 
 def _set_graph_built_later(gm, build):

@@ -17,7 +17,7 @@ import torch
 
 from torchcap._errors import Error, TraceError
 from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _attribute,
-                             _check_args, _module_names, _require_C, _set_tensor, _to_fx)
+                             _check_args, _module_contents, _require_C, _set_tensor, _to_fx)
 
 try:
     from torchcap import _C
@@ -109,9 +109,7 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
     args, _ = _check_args(args, None)
     targets, _ = _check_args(targets, None)
     kind, options = _optimizer_spec(optimizer, module)
-    parameters = list(module.named_parameters())
-    buffers = list(module.named_buffers())
-    modules = _module_names(module) if record_stack_traces else []
+    parameters, buffers, modules = _module_contents(module, record_stack_traces)
     try:
         graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
                                    options, record_stack_traces, _INTERNAL_DIRS, modules)
@@ -120,7 +118,7 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
         if error is None:
             raise
         raise error.with_traceback(e.__traceback__) from None
-    step = _to_fx(graph, {})
+    step = _to_fx(graph, {}, checked=False)
     # The step computes its gradients itself: its parameters do not require
     # grad (autograd would record every call, and refuses some of the backward
     # operators' arguments), as in torchcap.load's modules. Parameters the

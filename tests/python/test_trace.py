@@ -226,6 +226,66 @@ def test_tied_weights_are_one_attribute():
     assert gm.emb.weight is m.emb.weight  # the module's own parameter
 
 
+def test_parameters_buffers_and_modules_listed_as_torch_lists_them():
+    # _module_contents walks the modules once; it lists what
+    # named_parameters(), named_buffers() and named_modules() list.
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 3)
+            self.b = nn.Linear(3, 3)
+            self.b.weight = self.a.weight  # tied
+            self.again = self.a  # one module at two paths
+            self.none = None
+            self.register_buffer("buf", torch.zeros(3))
+            self.register_buffer("missing", None)
+            self.seq = nn.Sequential(self.b, nn.ReLU(), nn.Sequential(nn.BatchNorm1d(3)))
+            self.seq[2].register_buffer("alias", self.buf)  # one buffer at two paths
+
+    class OwnListing(nn.Linear):
+        def named_parameters(self, *args, **kwargs):
+            yield from [("renamed", self.weight)]
+
+    def expected(m):
+        return (list(m.named_parameters()), list(m.named_buffers()),
+                [(sub, name, f"{type(sub).__module__}.{type(sub).__qualname__}")
+                 for name, sub in m.named_modules()])
+
+    for m in (Odd(), torchvision.models.resnet18(), nn.Sequential(Odd(), OwnListing(3, 3)),
+              OwnListing(2, 2)):
+        assert _trace._module_contents(m, True) == expected(m)
+        assert _trace._module_contents(m, False) == expected(m)[:2] + ([],)
+
+
+def test_traced_module_is_made_as_graph_module_makes_it():
+    # The module and the submodules holding its tensors are made without
+    # torch.fx's constructor and nn.Module(), as they would make them.
+    m = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    gm = torchcap.trace(m, (x,))
+    fresh = vars(nn.Module())
+    for name, sub in gm.named_modules():
+        if name:
+            assert type(sub) is nn.Module
+            own = {k: v for k, v in vars(sub).items() if k not in ("_parameters", "_buffers", "_modules")}
+            assert own == {k: v for k, v in fresh.items() if k not in ("_parameters", "_buffers", "_modules")}
+            assert [(k, type(v)) for k, v in vars(sub).items()] == [(k, type(v)) for k, v in fresh.items()]
+            assert all(vars(sub)[k] is not vars(other)[k]
+                       for _, other in gm.named_modules() if other is not sub
+                       for k, v in fresh.items() if isinstance(v, (dict, set)))
+    made = torch.fx.GraphModule(nn.Module(), torch.fx.Graph(), class_name="TorchcapGraphModule")
+    ours = [k for k in vars(gm) if not k.startswith("_torchcap") and k not in ("in_spec", "out_spec")]
+    assert ours == [k for k in vars(made) if k not in ("_graph", "_code")]
+    assert type(gm).__name__ == type(made).__name__ and type(gm).__mro__[1:] == type(made).__mro__[1:]
+    assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
+    assert all(gm.get_parameter(k) is p for k, p in m.named_parameters())
+    assert_tree_equal(gm(x), m(x))
+    gm.recompile()  # as torch.fx's own: its call wrapper (with the argument check) stays
+    assert_tree_equal(gm(x), m(x))
+    with pytest.raises(torchcap.InputError):
+        gm((x,))
+
+
 def test_plain_function_and_bound_method():
     def f(x, y):
         return torch.sin(x) @ y.t(), x.shape[0]
