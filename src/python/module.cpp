@@ -147,9 +147,9 @@ struct TraceRequest {
   bool record_stack_traces = true;
   bool meta = false;
   std::vector<std::string> internal_dirs;
-  // (module, qualified path, class) of the modules whose forward hooks
-  // report module stacks.
-  std::vector<std::tuple<py::object, std::string, std::string>> modules;
+  // (module, qualified path, class) of the modules that appear on module
+  // stacks (PythonSource::set_modules).
+  py::list modules;
 };
 
 std::unique_ptr<GraphModule> run(TraceRequest& r) {
@@ -165,7 +165,7 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   PyFrameObject* caller = PyThreadState_GetFrame(PyThreadState_Get());
   PythonSource source(r.internal_dirs, py::reinterpret_steal<py::object>(
                                            reinterpret_cast<PyObject*>(caller)));
-  for (auto& [module, path, type] : r.modules) source.add_module(module, path, type);
+  source.set_modules(std::move(r.modules));
   PythonSource::Scope scope(&source);
 
   TraceOptions options;
@@ -237,7 +237,7 @@ struct TrainingRequest {
   py::dict optimizer_options;
   bool record_stack_traces = true;
   std::vector<std::string> internal_dirs;
-  std::vector<std::tuple<py::object, std::string, std::string>> modules;
+  py::list modules;  // as TraceRequest's
 };
 
 std::unique_ptr<GraphModule> run_training(TrainingRequest& r) {
@@ -255,7 +255,7 @@ std::unique_ptr<GraphModule> run_training(TrainingRequest& r) {
   PyFrameObject* caller = PyThreadState_GetFrame(PyThreadState_Get());
   PythonSource source(r.internal_dirs, py::reinterpret_steal<py::object>(
                                            reinterpret_cast<PyObject*>(caller)));
-  for (auto& [module, path, type] : r.modules) source.add_module(module, path, type);
+  source.set_modules(std::move(r.modules));
   PythonSource::Scope scope(&source);
   options.trace.record_stack_traces = r.record_stack_traces;
   if (r.record_stack_traces) {
@@ -927,7 +927,7 @@ PYBIND11_MODULE(_C, m) {
          bool export_program, bool inference, std::optional<std::vector<std::string>> preserve,
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
-         std::vector<std::tuple<py::object, std::string, std::string>> modules, bool meta) {
+         py::list modules, bool meta) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
@@ -949,7 +949,7 @@ PYBIND11_MODULE(_C, m) {
          std::vector<std::pair<std::string, py::object>> buffers, py::tuple args, py::tuple targets,
          std::string optimizer, py::dict optimizer_options, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
-         std::vector<std::tuple<py::object, std::string, std::string>> modules) {
+         py::list modules) {
         TrainingRequest r{std::move(forward),        std::move(loss),
                           std::move(parameters),     std::move(buffers),
                           std::move(args),           std::move(targets),

@@ -28,6 +28,10 @@ thread_local PythonSource* tls_source = nullptr;
 // hundreds of frames.
 constexpr size_t kMaxFrames = 64;
 
+// Note [Frames cached across traces]: a bound on what a long-running
+// process that traces ever new code keeps.
+constexpr size_t kMaxCachedStacks = 1 << 16;
+
 std::string str_attr(PyObject* obj, const char* name) {
   py::object v = py::reinterpret_borrow<py::object>(obj).attr(name);
   return py::isinstance<py::str>(v) ? v.cast<std::string>() : std::string();
@@ -51,18 +55,42 @@ size_t PythonSource::StackKeyHash::operator()(const std::vector<FrameKey>& k) co
   return h;
 }
 
+struct PythonSource::Cache {
+  explicit Cache(std::vector<std::string> dirs)
+      : internal_dirs(std::move(dirs)),
+        getline(py::module_::import("linecache").attr("getline")) {}
+
+  const std::vector<std::string> internal_dirs;
+  py::object getline;  // linecache.getline
+  // Code objects seen, kept alive so that their addresses stay unique keys.
+  std::vector<py::object> codes;
+  std::unordered_map<const void*, CodeInfo> codes_info;
+  std::unordered_map<FrameKey, SourceFrame, FrameKeyHash> frames;
+  std::unordered_map<std::vector<FrameKey>, StackTrace, StackKeyHash> stacks;
+  int users = 0;  // PythonSources using it
+};
+
 PythonSource::PythonSource(std::vector<std::string> internal_dirs, py::object boundary)
-    : internal_dirs_(std::move(internal_dirs)),
-      boundary_(std::move(boundary)),
-      getline_(py::module_::import("linecache").attr("getline")) {}
+    : boundary_(std::move(boundary)) {
+  // Under the GIL, which guards the shared cache. Never destroyed: Python
+  // objects must not be released after the interpreter is gone.
+  static auto* shared = new std::shared_ptr<Cache>();
+  std::shared_ptr<Cache>& c = *shared;
+  if (!c || c->internal_dirs != internal_dirs ||
+      (c->users == 0 && c->stacks.size() >= kMaxCachedStacks)) {
+    c = std::make_shared<Cache>(std::move(internal_dirs));
+  }
+  cache_ = c;
+  ++cache_->users;
+}
 
 PythonSource::~PythonSource() {
   // Python objects are released under the GIL, whichever way the trace ended.
   py::gil_scoped_acquire gil;
-  codes_.clear();
-  module_refs_.clear();
+  --cache_->users;
+  cache_.reset();
+  modules_ = py::list();
   boundary_ = py::object();
-  getline_ = py::object();
 }
 
 PythonSource* PythonSource::current() { return tls_source; }
@@ -71,17 +99,17 @@ PythonSource::Scope::Scope(PythonSource* source) : previous_(tls_source) { tls_s
 PythonSource::Scope::~Scope() { tls_source = previous_; }
 
 const PythonSource::CodeInfo& PythonSource::code_info(PyObject* code) {
-  auto it = codes_info_.find(code);
-  if (it != codes_info_.end()) return it->second;
+  auto it = cache_->codes_info.find(code);
+  if (it != cache_->codes_info.end()) return it->second;
   std::string file = str_attr(code, "co_filename");
   CodeInfo info;
-  for (const std::string& dir : internal_dirs_) {
+  for (const std::string& dir : cache_->internal_dirs) {
     info.internal = info.internal || file.compare(0, dir.size(), dir) == 0;
   }
   info.forward = str_attr(code, "co_name") == "forward" &&
                  reinterpret_cast<PyCodeObject*>(code)->co_argcount > 0;
-  codes_.push_back(py::reinterpret_borrow<py::object>(code));
-  return codes_info_.emplace(code, info).first->second;
+  cache_->codes.push_back(py::reinterpret_borrow<py::object>(code));
+  return cache_->codes_info.emplace(code, info).first->second;
 }
 
 #ifndef TORCHCAP_FRAME_INTERNALS
@@ -91,27 +119,35 @@ PyObject* PythonSource::self_of(PyObject* frame) {
 }
 #endif
 
+ModuleFrame PythonSource::module_frame(size_t index) const {
+  PyObject* entry = PyList_GET_ITEM(modules_.ptr(), index);
+  return ModuleFrame{PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 1)),
+                     PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 2))};
+}
+
 const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& modules) {
   auto it = module_stacks_.find(modules);
   if (it != module_stacks_.end()) return it->second;
   std::vector<ModuleFrame> frames;
-  if (root_) frames.push_back(*root_);
-  for (PyObject* m : modules) frames.push_back(known_modules_.at(m));
+  frames.reserve(modules.size() + 1);
+  if (root_) frames.push_back(module_frame(*root_));
+  for (PyObject* m : modules) frames.push_back(module_frame(module_index_.at(m)));
   ModuleStack stack = frames.empty() ? ModuleStack() : ModuleStack(std::move(frames));
   return module_stacks_.emplace(modules, std::move(stack)).first->second;
 }
 
 template <typename Line>
-const SourceFrame& PythonSource::frame_for(PyObject* code, FrameKey key, Line line) {
-  auto it = frames_.find(key);
-  if (it != frames_.end()) return it->second;
+void PythonSource::note_frame(PyObject* code, FrameKey key, Line line) {
+  if (cache_->frames.count(key) != 0) return;
   SourceFrame f;
   f.file = str_attr(code, "co_filename");
   f.line = line();
   f.function = str_attr(code, "co_name");
-  py::object text = getline_(f.file, f.line);
+  // linecache runs Python, during which another thread may trace and fill
+  // the cache; emplace keeps what is there.
+  py::object text = cache_->getline(f.file, f.line);
   if (py::isinstance<py::str>(text)) f.code = py::str(text.attr("strip")()).cast<std::string>();
-  return frames_.emplace(key, std::move(f)).first->second;
+  cache_->frames.emplace(key, std::move(f));
 }
 
 void PythonSource::locate(NodeMeta& meta) {
@@ -138,7 +174,7 @@ void PythonSource::locate(NodeMeta& meta) {
     if (!info.internal) {
       int lasti = _PyInterpreterFrame_LASTI(frame) * static_cast<int>(sizeof(_Py_CODEUNIT));
       FrameKey key{c, lasti};
-      frame_for(c, key, [&] { return PyCode_Addr2Line(code, lasti); });
+      note_frame(c, key, [&] { return PyCode_Addr2Line(code, lasti); });
       scratch_.push_back(key);
     }
   }
@@ -152,7 +188,7 @@ void PythonSource::locate(NodeMeta& meta) {
     if (info.forward) note_module(self_of(reinterpret_cast<PyObject*>(frame)));
     if (!info.internal) {
       FrameKey key{c, PyFrame_GetLasti(frame)};
-      frame_for(c, key, [&] { return PyFrame_GetLineNumber(frame); });
+      note_frame(c, key, [&] { return PyFrame_GetLineNumber(frame); });
       scratch_.push_back(key);
     }
     Py_DECREF(code);
@@ -165,12 +201,12 @@ void PythonSource::locate(NodeMeta& meta) {
   std::reverse(module_scratch_.begin(), module_scratch_.end());  // outermost first
   meta.module_stack = module_stack_of(module_scratch_);
   if (scratch_.empty()) return;
-  auto it = stacks_.find(scratch_);
-  if (it == stacks_.end()) {
+  auto it = cache_->stacks.find(scratch_);
+  if (it == cache_->stacks.end()) {
     std::vector<SourceFrame> frames;  // innermost first, as scratch_
     frames.reserve(scratch_.size());
-    for (const FrameKey& k : scratch_) frames.push_back(frames_.at(k));
-    it = stacks_.emplace(scratch_, StackTrace::from_frames(std::move(frames))).first;
+    for (const FrameKey& k : scratch_) frames.push_back(cache_->frames.at(k));
+    it = cache_->stacks.emplace(scratch_, StackTrace::from_frames(std::move(frames))).first;
   }
   meta.stack_trace = it->second;
 }
@@ -178,19 +214,36 @@ void PythonSource::locate(NodeMeta& meta) {
 void PythonSource::note_module(PyObject* self) {
   // `self` captured by a closure inside forward lives in a cell.
   if (self != nullptr && PyCell_Check(self)) self = PyCell_GET(self);
-  if (self == nullptr || known_modules_.count(self) == 0) return;
+  if (self == nullptr || module_index_.count(self) == 0) return;
   // Innermost first; a forward calling its base class's forward is one
   // module call.
   if (module_scratch_.empty() || module_scratch_.back() != self) module_scratch_.push_back(self);
 }
 
-void PythonSource::add_module(py::object module, std::string path, std::string type) {
-  if (path.empty()) {
-    root_ = ModuleFrame{std::move(path), std::move(type)};
-    return;
+void PythonSource::set_modules(py::list given) {
+  // A copy: the program could change the caller's list while it runs.
+  auto modules = py::reinterpret_steal<py::list>(PySequence_List(given.ptr()));
+  if (!modules) throw py::error_already_set();
+  const Py_ssize_t n = PyList_GET_SIZE(modules.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* entry = PyList_GET_ITEM(modules.ptr(), i);
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(entry, 1)) || !PyUnicode_Check(PyTuple_GET_ITEM(entry, 2))) {
+      throw py::type_error("modules[" + std::to_string(i) +
+                           "]: expected a (module, qualified path, class) tuple of an object "
+                           "and two str");
+    }
+    // module_frame reads them as UTF-8, which a str holds once asked.
+    for (int j : {1, 2}) {
+      if (PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, j)) == nullptr) throw py::error_already_set();
+    }
+    if (PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(entry, 1)) == 0) {
+      root_ = i;
+    } else {
+      module_index_.emplace(PyTuple_GET_ITEM(entry, 0), i);
+    }
   }
-  known_modules_.emplace(module.ptr(), ModuleFrame{std::move(path), std::move(type)});
-  module_refs_.push_back(std::move(module));
+  modules_ = std::move(modules);
 }
 
 }  // namespace torchcap::python

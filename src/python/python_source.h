@@ -6,9 +6,19 @@
 // the GIL whenever it is called. The frames walked are those between the
 // innermost Python frame and the frame that started the trace (excluded);
 // frames of files under `internal_dirs` (torch's and torchcap's own packages)
-// are left out of stack traces. Stacks are cached by their frames' (code,
-// instruction) pairs, so consecutive nodes made by one line share one
-// StackTrace and the source text of a line is read once.
+// are left out of stack traces.
+//
+// Note [Frames cached across traces]
+// A node's stack is known by its frames' (code, instruction) pairs; what
+// they stand for (file, line, function and source line of each, and the
+// StackTrace of the whole stack) is made once and kept in a cache shared by
+// every trace of the process, so consecutive nodes made by one line share
+// one StackTrace, the source of a line is read once, and tracing a program
+// again makes none of it. The cache holds the code objects it saw, so that
+// their addresses stay unique keys; it is used under the GIL, and started
+// afresh, when no trace is using it, once it holds kMaxCachedStacks stacks.
+// As linecache (which reads the lines), it does not notice a source file
+// edited while the process runs.
 //
 // Note [Module stacks from frames]
 // The module stack is read from the same frames: a frame running a method
@@ -23,6 +33,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -45,11 +56,12 @@ class PythonSource {
   // Fills meta.stack_trace and meta.module_stack. Takes the GIL.
   void locate(NodeMeta& meta);
 
-  // The traced program's modules, by object ("layer1.0.conv1",
-  // "torch.nn.modules.conv.Conv2d"); others are never on a module stack. The
-  // GIL is held. The root module (path "") is on the stack of every node,
-  // outermost, whether or not its forward is running.
-  void add_module(py::object module, std::string path, std::string type);
+  // The traced program's modules: `modules` is a list of (module, qualified
+  // path, class) tuples ((m, "layer1.0.conv1", "torch.nn.modules.conv.Conv2d"));
+  // other modules are never on a module stack. The GIL is held. The root
+  // module (path "") is on the stack of every node, outermost, whether or not
+  // its forward is running. Throws py::type_error for entries of other types.
+  void set_modules(py::list modules);
 
   // The source of the calling thread's running trace, or nullptr.
   static PythonSource* current();
@@ -78,39 +90,37 @@ class PythonSource {
   struct StackKeyHash {
     size_t operator()(const std::vector<FrameKey>& k) const;
   };
-
   struct CodeInfo {
-    bool internal = false;  // in one of internal_dirs_
+    bool internal = false;  // in one of the internal directories
     bool forward = false;   // a function named forward, with arguments
   };
   struct ModulesHash {
     size_t operator()(const std::vector<PyObject*>& k) const;
   };
+  // Note [Frames cached across traces].
+  struct Cache;
 
   const CodeInfo& code_info(PyObject* code);
   // The frame at `key`, made on first sight (`line()` gives its line).
   template <typename Line>
-  const SourceFrame& frame_for(PyObject* code, FrameKey key, Line line);
+  void note_frame(PyObject* code, FrameKey key, Line line);
   // Adds `self`, the first argument of a running forward, to the module
   // stack if it is one of the traced modules.
   void note_module(PyObject* self);
   // The `self` local of a frame object, or nullptr.
   static PyObject* self_of(PyObject* frame);
   const ModuleStack& module_stack_of(const std::vector<PyObject*>& modules);
+  ModuleFrame module_frame(size_t index) const;
 
-  std::vector<std::string> internal_dirs_;
+  std::shared_ptr<Cache> cache_;
   py::object boundary_;
-  py::object getline_;  // linecache.getline
-  // Code objects seen, kept alive so that their addresses stay unique keys.
-  std::vector<py::object> codes_;
-  std::unordered_map<const void*, CodeInfo> codes_info_;
-  std::unordered_map<FrameKey, SourceFrame, FrameKeyHash> frames_;
-  std::unordered_map<std::vector<FrameKey>, StackTrace, StackKeyHash> stacks_;
   std::vector<FrameKey> scratch_;
 
-  std::unordered_map<PyObject*, ModuleFrame> known_modules_;
-  std::vector<py::object> module_refs_;
-  std::optional<ModuleFrame> root_;
+  // set_modules' list, which keeps its modules alive, and each module's
+  // index in it (the root not included).
+  py::list modules_;
+  std::unordered_map<PyObject*, size_t> module_index_;
+  std::optional<size_t> root_;
   // Module stacks by their modules, outermost first (the root not included).
   std::unordered_map<std::vector<PyObject*>, ModuleStack, ModulesHash> module_stacks_;
   std::vector<PyObject*> module_scratch_;

@@ -335,6 +335,37 @@ def test_stack_traces_and_module_stacks():
                for n in gm.graph.nodes)
 
 
+def _sources(gm):
+    return [(n.name, n.meta.get("stack_trace"), n.meta.get("nn_module_stack"))
+            for n in gm.graph.nodes]
+
+
+def test_stack_traces_the_same_when_traced_again():
+    # Note [Frames cached across traces]: a second trace, of the same program
+    # or another, finds what the first made; the nodes say the same.
+    m = nn.Sequential(Block(), nn.ReLU())
+    x = torch.randn(1, 3, 8, 8)
+    first = _sources(torchcap.trace(m, (x,)))
+    other = torch.nn.Sequential(nn.ReLU(), Block())  # the same code, other modules
+    other_first = _sources(torchcap.trace(other, (x,)))
+    assert _sources(torchcap.trace(m, (x,))) == first
+    assert _sources(torchcap.trace(other, (x,))) == other_first
+    assert other_first != first
+    tanh = [s for name, s, _ in first if name == "tanh"]
+    assert tanh == [s for name, s, _ in other_first if name == "tanh"]
+    assert "return torch.tanh(y)" in tanh[0]
+
+
+def test_module_list_of_other_types_is_refused():
+    m = nn.Linear(2, 2)
+    args = (m, [], [], (torch.randn(1, 2),), {}, False, False, None, False, False, True,
+            _trace._INTERNAL_DIRS)
+    for modules, match in (([(m, "", "Linear", 1)], r"modules\[0\]"),
+                           ([(m, "", "x"), (m, 0, "Linear")], r"modules\[1\]")):
+        with pytest.raises(TypeError, match=match):
+            _trace._C.trace(*args, modules)
+
+
 def test_resnet_module_stack():
     model = torchvision.models.resnet18().eval()
     gm = torchcap.trace(model, (torch.randn(1, 3, 32, 32),))
