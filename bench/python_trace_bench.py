@@ -10,6 +10,7 @@ torchcap's. Times are medians of several runs, in one process, one thread.
     PYTHONPATH=build/python /usr/bin/python3 bench/python_trace_bench.py
 """
 
+import gc
 import statistics
 import time
 
@@ -27,7 +28,13 @@ torch.set_num_threads(1)
 
 def timed(fn):
     """(wall seconds, CPU seconds of this thread): one thread computes, and
-    CPU time is less sensitive to other processes taking the cores."""
+    CPU time is less sensitive to other processes taking the cores.
+
+    The garbage of earlier runs (a traced torch.fx graph is cyclic, freed only
+    by a collection) is collected first, untimed, so that no run pays for
+    another's; collections a run causes itself count. main() freezes the
+    objects made before, so that a collection walks only those made since."""
+    gc.collect()
     start, cpu = time.perf_counter(), time.thread_time()
     fn()
     return time.perf_counter() - start, time.thread_time() - cpu
@@ -53,11 +60,12 @@ def paired(eager, tracers, runs):
 
 
 def cpp_graph(model, x, record_stack_traces):
-    """torchcap._C's trace alone: the graph in C++, not yet a torch.fx module."""
-    modules = _trace._module_names(model) if record_stack_traces else []
-    return _trace._C.trace(model, list(model.named_parameters()), list(model.named_buffers()),
-                           (x,), {}, False, False, None, False, False, record_stack_traces,
-                           _trace._INTERNAL_DIRS, modules)
+    """torchcap._C's trace alone: the graph in C++, not yet a torch.fx module
+    (with the module's parameters, buffers and submodules listed as
+    torchcap.trace lists them)."""
+    parameters, buffers, modules = _trace._module_contents(model, record_stack_traces)
+    return _trace._C.trace(model, parameters, buffers, (x,), {}, False, False, None, False, False,
+                           record_stack_traces, _trace._INTERNAL_DIRS, modules)
 
 
 def bench(name, model, x, runs, make_fx_runs):
@@ -76,6 +84,8 @@ def bench(name, model, x, runs, make_fx_runs):
 
     eager()  # warm up kernels and allocator
     run_make_fx()
+    gc.collect()
+    gc.freeze()
     rows = [("torchcap trace, C++ graph", lambda: cpp_graph(model, x, True)),
             ("torchcap trace, C++ graph, no stack traces", lambda: cpp_graph(model, x, False)),
             ("torchcap.trace -> torch.fx.GraphModule", lambda: torchcap.trace(model, (x,))),
