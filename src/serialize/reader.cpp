@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -604,7 +605,11 @@ class Reader {
   }
 
   void read_node_in_one_pass(format::JsonCursor& c, Graph& g) {
-    std::string name, op, target;
+    // The strings are the reader's, kept from node to node: a target such as
+    // "aten::add.Tensor" is too long for a string's own buffer.
+    std::string& name = node_name_;
+    std::string& op = node_op_;
+    std::string& target = node_target_;
     ArgumentList args;
     Kwargs kwargs;
     NodeMeta meta;
@@ -627,7 +632,7 @@ class Reader {
         target.assign(c.string(scratch_));
       } else if (key == "args") {
         once(8);
-        c.array([&] { args.push_back(argument_in_one_pass(c, g, 3)); });
+        args = arguments_in_one_pass(c, g, 3);
       } else if (key == "kwargs") {
         once(16);
         c.array([&] {
@@ -649,6 +654,17 @@ class Reader {
     check_arguments(n, fail);
   }
 
+  // A list of arguments, allocated once at its size: they are read into
+  // arguments_, a stack of the lists being read, nested ones above.
+  ArgumentList arguments_in_one_pass(format::JsonCursor& c, const Graph& g, int depth) {
+    const size_t start = arguments_.size();
+    c.array([&] { arguments_.push_back(argument_in_one_pass(c, g, depth)); });
+    ArgumentList list(std::make_move_iterator(arguments_.begin() + static_cast<ptrdiff_t>(start)),
+                      std::make_move_iterator(arguments_.end()));
+    arguments_.resize(start);
+    return list;
+  }
+
   Argument argument_in_one_pass(format::JsonCursor& c, const Graph& g, int depth) {
     switch (c.peek()) {
       case 'n':
@@ -664,9 +680,7 @@ class Reader {
         return Argument(std::string(c.string(scratch_)));
       case '[': {
         if (depth > format::JsonCursor::kMaxDepth) give_up();
-        ArgumentList list;
-        c.array([&] { list.push_back(argument_in_one_pass(c, g, depth + 1)); });
-        return Argument(std::move(list));
+        return Argument(arguments_in_one_pass(c, g, depth + 1));
       }
       case '{':
         break;
@@ -737,16 +751,16 @@ class Reader {
     }
   }
 
-  // Sizes (each non-negative) or strides.
-  static std::vector<int64_t> dims_in_one_pass(format::JsonCursor& c, bool sizes) {
-    std::vector<int64_t> out;
+  // Sizes (each non-negative) or strides, allocated once at their size.
+  std::vector<int64_t> dims_in_one_pass(format::JsonCursor& c, bool sizes) {
+    dims_.clear();
     c.array([&] {
       int64_t d = c.integer();
       if (sizes && d < 0) give_up();
-      out.push_back(d);
+      dims_.push_back(d);
     });
-    if (out.size() > format::kMaxTensorDims) give_up();
-    return out;
+    if (dims_.size() > format::kMaxTensorDims) give_up();
+    return dims_;
   }
 
   TensorMeta tensor_meta_in_one_pass(format::JsonCursor& c) {
@@ -1613,6 +1627,9 @@ class Reader {
   // and strings being read.
   std::unordered_map<std::string_view, StackTrace> stack_traces_;
   std::string scratch_, name_;
+  std::string node_name_, node_op_, node_target_;
+  ArgumentList arguments_;      // the argument lists being read
+  std::vector<int64_t> dims_;   // the sizes or strides being read
   uint64_t nodes_begin_ = 0, nodes_end_ = 0;  // of the "nodes" array, in the JSON
 };
 
