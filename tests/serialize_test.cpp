@@ -568,6 +568,32 @@ TEST(Save, NonUtf8StringArgumentIsRefused) {
   }
 }
 
+// Note [Writing the file in one pass]: a problem in a node is found while
+// the nodes are written, here after megabytes of them; the file being written
+// is removed and the old one left as it was.
+TEST(Save, AProblemFoundWhileWritingLeavesTheOldFile) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  Node* last = x;
+  for (int i = 0; i < 40000; ++i) last = g.call_function("aten::relu", {last});
+  g.output({g.call_function("aten::div.Tensor_mode", {last, x}, {{"rounding_mode", "fl\xffor"}})});
+  gm.set_flat_specs();
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  std::ofstream(path) << "old contents";
+  try {
+    save(gm, path);
+    FAIL() << "saved a string that is not UTF-8";
+  } catch (const FormatError& e) {
+    EXPECT_STREQ(e.what(), "save: node %div: the string is not valid UTF-8");
+  }
+  std::ifstream in(path);
+  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(contents, "old contents");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+}
+
 // --- load: what a loaded module is made of --------------------------------------------
 
 TEST(Load, TensorsAreViewsOfOneMappingNotCopies) {

@@ -15,7 +15,6 @@
 #include <charconv>
 #include <cerrno>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -336,12 +335,24 @@ at::Tensor stored_form(const at::Tensor& t, const std::string& where) {
   return s;
 }
 
+// Where a file's bytes go (Note [Writing the file in one pass]): appended in
+// order, then the header written over the first bytes.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual void append(const void* data, size_t size) = 0;
+  virtual void write_header(const char* header, size_t size) = 0;
+  // Told the file's size once the JSON is written, before the tensors.
+  virtual void reserve(uint64_t) {}
+};
+
 class Writer {
  public:
   explicit Writer(const GraphModule& gm) : gm_(gm) {}
 
-  // Everything is decided before a byte is written: the JSON text, the
-  // header, and where each tensor goes.
+  // Everything about the module as a whole is decided and checked before a
+  // byte is written: lint, the module stack table, the JSON after the nodes
+  // and where each tensor goes. The nodes are checked as they are written.
   void plan() {
     // The oldest version that holds the module (Note [Weightless tensors]).
     header_.minor = format::kOldestWrittenMinor;
@@ -355,17 +366,12 @@ class Writer {
     // The nodes are written as text (Note [Writing the nodes as text]); the
     // small rest is a tree, dumped after them. The bytes are what dumping one
     // tree of everything would give.
-    std::string text = "{";
+    head_ = "{";
     // Before the nodes that refer to it, so that a reader reading in order
     // has the table when it needs it.
     Json stacks = module_stacks_json();
-    if (!stacks.empty()) text += "\"module_stacks\":" + stacks.dump() + ",";
-    text += "\"nodes\":";
-    // Note [The depth of the written JSON]: the nodes' objects nest no more
-    // than 8 levels; only argument lists may nest deeper, and append_nodes
-    // says how deep. The rest, written as trees, is scanned for its depth;
-    // the nodes' text, most of a big graph's, needs no second pass.
-    const int node_depth = append_nodes(text);
+    if (!stacks.empty()) head_ += "\"module_stacks\":" + stacks.dump() + ",";
+    head_ += "\"nodes\":";
     Json doc = Json::object();
     Json attributes = Json::array();
     for (const Attribute& a : gm_.attributes()) {
@@ -390,70 +396,93 @@ class Writer {
       }
       doc["signature"] = Json{{"outputs", std::move(outputs)}};
     }
-
     const std::string rest = doc.dump();
-    text += ",";
-    text.append(rest, 1);  // without its "{"
-    json_size_ += text.size();
-    json_.push_back(std::move(text));
-    // The module stack table is a fixed 4 levels deep; the rest is a document
-    // of its own, and nests as it does here.
+    // Note [The depth of the written JSON]: the module stack table is a fixed
+    // 4 levels deep; the rest is a document of its own, and nests as it does
+    // here. The nodes' objects nest no more than 8 levels; only argument
+    // lists may nest deeper, and append_nodes says how deep, so the nodes'
+    // text, most of a big graph's, needs no second pass.
     format::JsonScan scan = format::scan_json(rest.data(), rest.size(), format::kMaxJsonDepth);
     TORCH_INTERNAL_ASSERT(!scan.nul, "nlohmann::json wrote a raw NUL byte");
-    if (scan.too_deep || node_depth > format::kMaxJsonDepth) {
-      fail("the graph's argument lists or specs nest deeper than the format allows (" +
-           std::to_string(format::kMaxJsonDepth) + " JSON levels)");
-    }
-    if (json_size_ > format::kMaxJsonSize) {
-      fail("the JSON section would be " + std::to_string(json_size_) +
-           " bytes; the format allows " + std::to_string(format::kMaxJsonSize));
-    }
+    if (scan.too_deep) too_deep();
+    tail_ = "," + rest.substr(1);  // without its "{"
     header_.json_offset = format::kHeaderSize;
-    header_.json_size = json_size_;
-    header_.json_crc = 0;
-    for (const std::string& piece : json_) {
-      header_.json_crc = format::crc32(piece.data(), piece.size(), header_.json_crc);
-    }
-    header_.data_offset = format::align_up(header_.json_offset + header_.json_size);
     header_.data_size = data_size_;
-    header_.file_size = header_.data_offset + header_.data_size;
   }
 
-  uint64_t file_size() const { return header_.file_size; }
+  // Note [Writing the file in one pass]: the JSON section goes out a piece
+  // of about a megabyte at a time, checksummed on the way, and the header,
+  // which holds its size and checksum, last, over the zeros written in its
+  // place. A 200,000-node graph's text is 68 MB: held whole, or in pieces
+  // until the end, it took that much fresh memory, and the first touch of
+  // each of its pages (a page fault) took a third of a save. A problem found in a node while writing (a string
+  // that is not UTF-8, a dtype the format has no name for) throws with the
+  // file unfinished; save() then removes it.
+  void write(Sink& sink) {
+    char header[format::kHeaderSize] = {};
+    sink.append(header, sizeof header);
+    uint64_t json_size = 0;
+    uint32_t crc = 0;
+    auto flush = [&](std::string& text) {
+      json_size += text.size();
+      if (json_size > format::kMaxJsonSize) {
+        fail("the JSON section would be more than " + std::to_string(format::kMaxJsonSize) +
+             " bytes, the most the format allows");
+      }
+      crc = format::crc32(text.data(), text.size(), crc);
+      sink.append(text.data(), text.size());
+      text.clear();
+    };
+    std::string text;
+    text.reserve(kPiece);
+    text = head_;
+    const int node_depth = append_nodes(text, flush);
+    if (node_depth > format::kMaxJsonDepth) too_deep();
+    text += tail_;
+    flush(text);
 
-  void emit(const std::function<void(const void*, size_t)>& sink) const {
-    char header[format::kHeaderSize];
-    format::encode_header(header_, header);
-    sink(header, sizeof header);
-    for (const std::string& piece : json_) sink(piece.data(), piece.size());
+    header_.json_size = json_size;
+    header_.json_crc = crc;
+    header_.data_offset = format::align_up(header_.json_offset + header_.json_size);
+    header_.file_size = header_.data_offset + header_.data_size;
+    sink.reserve(header_.file_size);
     uint64_t pos = header_.json_offset + header_.json_size;
     static const char kZeros[format::kAlignment] = {};
     auto pad_to = [&](uint64_t target) {
       while (pos < target) {
         uint64_t n = std::min<uint64_t>(target - pos, sizeof kZeros);
-        sink(kZeros, n);
+        sink.append(kZeros, n);
         pos += n;
       }
     };
     for (const StoredTensor& t : tensors_) {
       if (t.weightless) continue;
       pad_to(header_.data_offset + t.offset);
-      if (t.length > 0) sink(t.value.data_ptr(), t.length);
+      if (t.length > 0) sink.append(t.value.data_ptr(), t.length);
       pos += t.length;
     }
     pad_to(header_.file_size);
+    format::encode_header(header_, header);
+    sink.write_header(header, sizeof header);
   }
 
  private:
+  [[noreturn]] static void too_deep() {
+    fail("the graph's argument lists or specs nest deeper than the format allows (" +
+         std::to_string(format::kMaxJsonDepth) + " JSON levels)");
+  }
+
+  // The JSON text goes out in pieces of about this size; a piece is handed
+  // on once less than a few nodes' worth of room is left in it.
+  static constexpr size_t kPiece = size_t{1} << 20;
+  static constexpr size_t kFull = kPiece - (size_t{16} << 10);
+
   // Appends the `nodes` array to `text`, a node at a time (Note [Writing the
-  // nodes as text]), moving each full piece of it to json_ (Note [The JSON
-  // text in pieces]); returns the deepest JSON level written (Note [The
-  // depth of the written JSON]).
-  int append_nodes(std::string& text) {
-    constexpr size_t kPiece = size_t{1} << 20;
-    // Room for a few nodes more past the mark, so a piece is rarely grown.
-    constexpr size_t kFull = kPiece - (size_t{16} << 10);
-    text.reserve(kPiece);
+  // nodes as text]), passing `text` to `flush` whenever a piece is full
+  // (Note [Writing the file in one pass]); returns the deepest JSON level
+  // written (Note [The depth of the written JSON]).
+  template <typename Flush>
+  int append_nodes(std::string& text, Flush&& flush) {
     int deepest = 8;  // "meta": {"val": {"tensors": [{"sizes": [...]}]}}
     JsonText out(text);
     out.raw("[");
@@ -484,12 +513,7 @@ class Writer {
       }
       write_meta(out, n->meta(), module_stack_index(n->meta().module_stack), n);
       out.raw("}");
-      if (text.size() >= kFull) {
-        json_size_ += text.size();
-        json_.push_back(std::move(text));
-        text = std::string();
-        text.reserve(kPiece);
-      }
+      if (text.size() >= kFull) flush(text);
     }
     out.raw("]");
     return deepest;
@@ -575,12 +599,8 @@ class Writer {
   std::unordered_map<const c10::TensorImpl*, size_t> index_;
   std::vector<StoredTensor> tensors_;
   uint64_t data_size_ = 0;
-  // Note [The JSON text in pieces]: the JSON section, in the order written.
-  // A 200,000-node graph's text is 68 MB; grown as one string it was copied
-  // at each doubling, and the copies and the fresh pages they touched took a
-  // quarter of a save. Pieces of about a megabyte are written once.
-  std::vector<std::string> json_;
-  uint64_t json_size_ = 0;
+  std::string head_;  // the JSON before the nodes' elements: `{..."nodes":`
+  std::string tail_;  // and after them: `,"attributes":...}`
   format::Header header_;
 };
 
@@ -601,6 +621,40 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
   }
 }
 
+class StringSink : public Sink {
+ public:
+  explicit StringSink(std::string& out) : out_(out) {}
+  void append(const void* data, size_t size) override {
+    out_.append(static_cast<const char*>(data), size);
+  }
+  void write_header(const char* header, size_t size) override { out_.replace(0, size, header, size); }
+  void reserve(uint64_t size) override { out_.reserve(size); }
+
+ private:
+  std::string& out_;
+};
+
+class FileSink : public Sink {
+ public:
+  FileSink(int fd, const std::string& path) : fd_(fd), path_(path) {}
+  void append(const void* data, size_t size) override { write_all(fd_, data, size, path_); }
+  void write_header(const char* header, size_t size) override {
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = ::pwrite(fd_, header + done, size - done, static_cast<off_t>(done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        fail(system_error("write", path_));
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  int fd_;
+  const std::string& path_;
+};
+
 std::string directory_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -613,14 +667,16 @@ std::string save_to_string(const GraphModule& gm) {
   Writer w(gm);
   w.plan();
   std::string out;
-  out.reserve(w.file_size());
-  w.emit([&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); });
+  StringSink sink(out);
+  w.write(sink);
   return out;
 }
 
 void save(const GraphModule& gm, const std::string& path) {
   Writer w(gm);
-  w.plan();  // every error about the module comes before the disk is touched
+  // Every error about the module as a whole comes before the disk is
+  // touched; one found in a node while writing leaves no file behind.
+  w.plan();
 
   // The temporary file is created with the mode of an ordinary new file (the
   // umask applies), in the target's directory so that rename() is atomic.
@@ -633,7 +689,8 @@ void save(const GraphModule& gm, const std::string& path) {
     if (fd < 0 && (errno != EEXIST || attempt > 100)) fail(system_error("create", tmp));
   }
   try {
-    w.emit([&](const void* p, size_t n) { write_all(fd, p, n, tmp); });
+    FileSink sink(fd, tmp);
+    w.write(sink);
     // The data must be on disk before the name points at it, or a crash
     // after the rename could leave a file of zeros under the target name.
     if (::fsync(fd) != 0) fail(system_error("flush", tmp));
