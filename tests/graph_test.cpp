@@ -4,6 +4,7 @@
 #include <torchcap/graph.h>
 #include <torchcap/printer.h>
 
+#include <ATen/ops/empty_strided.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -270,6 +271,36 @@ TEST(Graph, CopyIsDeepAndIdentical) {
   EXPECT_EQ(map.at(mm)->meta().val, mm->meta().val);
   c->erase(c->output_node());
   EXPECT_NE(g.output_node(), nullptr);  // the original is untouched
+}
+
+// Sizes and strides are kept inline up to five dimensions and on the heap
+// beyond; either way a TensorMeta holds exactly the tensor's.
+TEST(TensorMeta, RecordsAnyNumberOfDimensions) {
+  for (int64_t dims : {0, 2, 5, 6, 9}) {
+    std::vector<int64_t> sizes;
+    std::vector<int64_t> strides;
+    int64_t stride = 1;
+    for (int64_t d = 1; d <= dims; ++d) {  // column-major: not contiguous
+      sizes.push_back(d);
+      strides.push_back(stride);
+      stride *= d;
+    }
+    at::Tensor t = at::empty_strided(sizes, strides);
+    TensorMeta m = TensorMeta::of(t);
+    EXPECT_EQ(std::vector<int64_t>(m.sizes.begin(), m.sizes.end()), sizes) << dims;
+    EXPECT_EQ(std::vector<int64_t>(m.strides.begin(), m.strides.end()), strides) << dims;
+    EXPECT_EQ(m.numel(), t.numel());
+    EXPECT_EQ(m.is_contiguous(), t.is_contiguous()) << dims;
+    ValueMeta v = ValueMeta::tensor(m);
+    EXPECT_EQ(v.tensors[0], m);
+    if (dims > 0) {
+      v.tensors[0].strides.back() += 1;
+      EXPECT_NE(v.tensors[0], m);
+    }
+  }
+  TensorMeta six = TensorMeta::of(at::empty_strided({1, 2, 3, 4, 5, 6}, {720, 360, 120, 30, 6, 1}));
+  EXPECT_EQ(six.str(), "f32[1, 2, 3, 4, 5, 6]");
+  EXPECT_TRUE(six.is_contiguous());
 }
 
 TEST(Graph, HundredThousandNodeChain) {

@@ -4,6 +4,7 @@
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <memory>
@@ -17,11 +18,16 @@ class Tensor;
 
 namespace torchcap {
 
+// Sizes or strides: up to five dimensions inline, as LibTorch keeps them. A
+// trace records both for every value it computes; a heap block for each was
+// a large share of what recording a node costs.
+using Dims = c10::SmallVector<int64_t, 5>;
+
 // Dtype, shape, strides and device of a tensor, without its data.
 struct TensorMeta {
   c10::ScalarType dtype = c10::ScalarType::Float;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  Dims sizes;
+  Dims strides;
   c10::Device device = c10::Device(c10::kCPU);
 
   static TensorMeta of(const at::Tensor& t);

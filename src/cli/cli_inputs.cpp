@@ -42,7 +42,7 @@ bool is_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-at::Tensor random_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
+at::Tensor random_tensor(c10::IntArrayRef shape, c10::ScalarType dtype) {
   if (dtype == c10::kBool) return at::randint(0, 2, shape, at::kLong).to(c10::kBool);
   if (c10::isIntegralType(dtype, /*includeBool=*/false)) return at::randint(0, 10, shape, at::TensorOptions().dtype(dtype));
   return at::randn(shape, at::TensorOptions().dtype(dtype));

@@ -23,7 +23,7 @@ constexpr DtypeName kDtypeNames[] = {
     {c10::ScalarType::QUInt8, "qu8"},        {c10::ScalarType::QInt32, "qi32"},
 };
 
-void append_sizes(std::ostringstream& os, const std::vector<int64_t>& v) {
+void append_sizes(std::ostringstream& os, c10::IntArrayRef v) {
   os << '[';
   for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
   os << ']';
@@ -48,8 +48,8 @@ std::optional<c10::ScalarType> dtype_from_short_name(const std::string& name) {
 TensorMeta TensorMeta::of(const at::Tensor& t) {
   TensorMeta m;
   m.dtype = t.scalar_type();
-  m.sizes = t.sizes().vec();
-  m.strides = t.strides().vec();
+  m.sizes.assign(t.sizes().begin(), t.sizes().end());
+  m.strides.assign(t.strides().begin(), t.strides().end());
   m.device = t.device();
   return m;
 }

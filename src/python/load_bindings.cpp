@@ -103,8 +103,8 @@ class Tuples {
       py::tuple tensors(v.tensors.size());
       for (size_t i = 0; i < v.tensors.size(); ++i) {
         const TensorMeta& t = v.tensors[i];
-        tensors[i] = py::make_tuple(format::dtype_name(t.dtype), py::tuple(py::cast(t.sizes)),
-                                    py::tuple(py::cast(t.strides)));
+        tensors[i] = py::make_tuple(format::dtype_name(t.dtype), py::tuple(py::cast(c10::IntArrayRef(t.sizes).vec())),
+                                    py::tuple(py::cast(c10::IntArrayRef(t.strides).vec())));
       }
       vals_.append(py::make_tuple(format::token_name(format::kValueKinds, v.kind), tensors));
     }
