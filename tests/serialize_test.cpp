@@ -483,6 +483,24 @@ TEST(SerializeRoundTrip, SignatureIsWrittenOnlyWhenThereAreMutations) {
 
 // --- save ---------------------------------------------------------------------
 
+// Saves `gm` over a file holding "old contents" in a fresh directory, expects
+// `message`, and checks the old file is as it was and nothing else was left.
+void expect_save_fails_leaving_the_old_file(const GraphModule& gm, const char* message) {
+  TempDir dir;
+  const std::string path = dir.file("m.tcg");
+  std::ofstream(path) << "old contents";
+  try {
+    save(gm, path);
+    FAIL() << "saved; expected: " << message;
+  } catch (const FormatError& e) {
+    EXPECT_STREQ(e.what(), message);
+  }
+  std::ifstream in(path);
+  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(contents, "old contents");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+}
+
 TEST(Save, ReplacesTheTargetAndLeavesNoTemporaryFile) {
   TempDir dir;
   const std::string path = dir.file("m.tcg");
@@ -497,24 +515,13 @@ TEST(Save, ReplacesTheTargetAndLeavesNoTemporaryFile) {
 }
 
 TEST(Save, AModuleThatCannotBeStoredLeavesTheOldFile) {
-  TempDir dir;
-  const std::string path = dir.file("m.tcg");
-  std::ofstream(path) << "old contents";
   GraphModule gm;
   gm.graph().output({gm.graph().get_attr("q")});
   gm.set_flat_specs();
   gm.set_attribute("q", at::quantize_per_tensor(at::ones({2}), 0.1, 0, at::kQInt8),
                    AttributeKind::Buffer);
-  try {
-    save(gm, path);
-    FAIL() << "saved a quantized tensor";
-  } catch (const FormatError& e) {
-    EXPECT_STREQ(e.what(), "save: attribute 'q': tensors of dtype QInt8 cannot be stored");
-  }
-  std::ifstream in(path);
-  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(contents, "old contents");
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+  expect_save_fails_leaving_the_old_file(
+      gm, "save: attribute 'q': tensors of dtype QInt8 cannot be stored");
 }
 
 TEST(Save, IntoAMissingDirectoryFailsCleanly) {
@@ -579,19 +586,7 @@ TEST(Save, AProblemFoundWhileWritingLeavesTheOldFile) {
   for (int i = 0; i < 40000; ++i) last = g.call_function("aten::relu", {last});
   g.output({g.call_function("aten::div.Tensor_mode", {last, x}, {{"rounding_mode", "fl\xffor"}})});
   gm.set_flat_specs();
-  TempDir dir;
-  const std::string path = dir.file("m.tcg");
-  std::ofstream(path) << "old contents";
-  try {
-    save(gm, path);
-    FAIL() << "saved a string that is not UTF-8";
-  } catch (const FormatError& e) {
-    EXPECT_STREQ(e.what(), "save: node %div: the string is not valid UTF-8");
-  }
-  std::ifstream in(path);
-  std::string contents((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(contents, "old contents");
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator{}), 1);
+  expect_save_fails_leaving_the_old_file(gm, "save: node %div: the string is not valid UTF-8");
 }
 
 // --- load: what a loaded module is made of --------------------------------------------
