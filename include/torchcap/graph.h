@@ -10,6 +10,8 @@
 
 #include <torchcap/node.h>
 
+#include <c10/util/flat_hash_map.h>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -143,15 +145,19 @@ class Graph {
                std::optional<c10::OperatorHandle> handle, ArgumentList args, Kwargs kwargs);
   void link(Node* n);
   void unlink(Node* n);
-  std::string unique_name(const std::string& hint);
+  // Gives `n` (named after its hint) a free name and enters it in by_name_.
+  void register_name(Node* n);
 
   // Sentinel of the circular list: root_.next_ is the first node.
   Node* root_;
   size_t size_ = 0;
   InsertPoint insert_point_;
   // Keys view the nodes' own names, which never change while a node lives.
-  std::unordered_map<std::string_view, Node*> by_name_;
-  std::unordered_map<std::string, int64_t> name_counters_;
+  // Open addressing (LibTorch's ska::flat_hash_map): a lookup reads one slot
+  // array, not a chain of separately allocated entries, and an entry costs
+  // no allocation; a trace or a load looks a name up several times per node.
+  ska::flat_hash_map<std::string_view, Node*> by_name_;
+  ska::flat_hash_map<std::string, int64_t> name_counters_;
 };
 
 // Whether `s` can name a node: a Python identifier that is not a keyword, a

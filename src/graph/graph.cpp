@@ -170,30 +170,36 @@ void Graph::set_insert_point(InsertPoint p) {
   insert_point_ = p;
 }
 
-std::string Graph::unique_name(const std::string& hint) {
-  // Hints are mostly identifiers already (operator stems): no copy to check.
-  std::string sanitized = is_identifier(hint) ? std::string() : sanitize(hint);
-  const std::string& candidate = sanitized.empty() ? hint : sanitized;
-  if (by_name_.count(candidate) == 0 && reserved_names().count(candidate) == 0) return candidate;
+// Note [Naming a node with one lookup]
+// A node is made under its hint, and register_name enters it in the name
+// table under that name if it is free, checking and inserting in one lookup;
+// if not, the node is renamed along the hint's series until an insertion
+// succeeds. Checking first and inserting later looked every name up twice,
+// and a trace or a load makes one name per node. The keys always view the
+// node's own name.
+void Graph::register_name(Node* n) {
+  if (by_name_.emplace(n->name_, n).second) {
+    if (reserved_names().count(n->name_) == 0) return;
+    by_name_.erase(n->name_);
+  }
   // Strip a numeric suffix so that "add_1" taken again continues as "add_2".
-  size_t length = candidate.size();
-  size_t us = candidate.find_last_of('_');
-  if (us != std::string::npos && us + 1 < candidate.size() && us > 0 &&
-      candidate.find_first_not_of("0123456789", us + 1) == std::string::npos) {
+  std::string& name = n->name_;
+  size_t length = name.size();
+  size_t us = name.find_last_of('_');
+  if (us != std::string::npos && us + 1 < name.size() && us > 0 &&
+      name.find_first_not_of("0123456789", us + 1) == std::string::npos) {
     length = us;
   }
-  auto counter = name_counters_.find(candidate.substr(0, length));
-  if (counter == name_counters_.end()) {
-    counter = name_counters_.emplace(candidate.substr(0, length), 0).first;
-  }
+  name.resize(length);
+  auto counter = name_counters_.find(name);
+  if (counter == name_counters_.end()) counter = name_counters_.emplace(name, 0).first;
   // An identifier followed by _<digits> is an identifier, and no reserved
   // name ends that way.
-  std::string name;
   for (;;) {
-    name.assign(candidate, 0, length);
+    name.resize(length);
     name += '_';
     name += std::to_string(++counter->second);
-    if (by_name_.count(name) == 0) return name;
+    if (by_name_.emplace(name, n).second) return;
   }
 }
 
@@ -226,7 +232,8 @@ void Graph::unlink(Node* n) {
 Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
                     std::optional<c10::OperatorHandle> handle, ArgumentList args,
                     Kwargs kwargs) {
-  std::string name = unique_name(name_hint);
+  // Hints are mostly identifiers already (operator stems): no copy to check.
+  std::string name = is_identifier(name_hint) ? name_hint : sanitize(name_hint);
   void* p = NodeCache::get().allocate();
   Node* n;
   try {
@@ -235,16 +242,19 @@ Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
     NodeCache::get().release(p);
     throw;
   }
+  bool named = false;
   try {
+    register_name(n);
+    named = true;
     std::vector<Node*> inputs = n->collect_inputs(args, kwargs);
     n->args_ = std::move(args);
     n->kwargs_ = std::move(kwargs);
     n->commit_inputs(std::move(inputs));
   } catch (...) {
+    if (named) by_name_.erase(n->name_);
     destroy_node(n);
     throw;
   }
-  by_name_.emplace(n->name_, n);
   link(n);
   return n;
 }

@@ -2,6 +2,7 @@
 
 #include <ATen/core/function_schema.h>
 #include <ATen/core/jit_type.h>
+#include <c10/util/SmallVector.h>
 
 #include <unordered_set>
 
@@ -110,7 +111,9 @@ std::string check_schema_arguments(const Node& n, const c10::FunctionSchema& sch
     return op + " takes at most " + std::to_string(positional) + " positional argument(s), got " +
            std::to_string(n.args().size());
   }
-  std::vector<const Argument*> given(params.size(), nullptr);
+  // Inline for the usual schema (a reader checks every node it makes, and
+  // lint again): no allocation per node.
+  c10::SmallVector<const Argument*, 16> given(params.size(), nullptr);
   for (size_t i = 0; i < n.args().size(); ++i) given[i] = &n.args()[i];
   for (const auto& kv : n.kwargs()) {
     auto idx = schema.argumentIndexWithName(kv.first);

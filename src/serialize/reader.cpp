@@ -751,16 +751,16 @@ class Reader {
     }
   }
 
-  // Sizes (each non-negative) or strides, allocated once at their size.
-  std::vector<int64_t> dims_in_one_pass(format::JsonCursor& c, bool sizes) {
-    dims_.clear();
+  // Sizes (each non-negative) or strides, read straight into `out` (inline up
+  // to five dimensions, so most tensors allocate nothing here).
+  static void dims_in_one_pass(format::JsonCursor& c, bool sizes, Dims& out) {
+    out.clear();
     c.array([&] {
       int64_t d = c.integer();
       if (sizes && d < 0) give_up();
-      dims_.push_back(d);
+      if (out.size() == format::kMaxTensorDims) give_up();
+      out.push_back(d);
     });
-    if (dims_.size() > format::kMaxTensorDims) give_up();
-    return dims_;
   }
 
   TensorMeta tensor_meta_in_one_pass(format::JsonCursor& c) {
@@ -777,10 +777,10 @@ class Reader {
         m.dtype = *t;
       } else if (key == "sizes") {
         bit = 2;
-        m.sizes = dims_in_one_pass(c, true);
+        dims_in_one_pass(c, true, m.sizes);
       } else if (key == "strides") {
         bit = 4;
-        m.strides = dims_in_one_pass(c, false);
+        dims_in_one_pass(c, false, m.strides);
       } else {  // device
         bit = 8;
         name_.assign(c.string(scratch_));
@@ -1629,7 +1629,6 @@ class Reader {
   std::string scratch_, name_;
   std::string node_name_, node_op_, node_target_;
   ArgumentList arguments_;      // the argument lists being read
-  std::vector<int64_t> dims_;   // the sizes or strides being read
   uint64_t nodes_begin_ = 0, nodes_end_ = 0;  // of the "nodes" array, in the JSON
 };
 
