@@ -60,7 +60,9 @@ enum class ValueKind : uint8_t {
 
 struct ValueMeta {
   ValueKind kind = ValueKind::Unknown;
-  std::vector<TensorMeta> tensors;
+  // One inline: most operators return one tensor, and a trace or a load
+  // records a value for every node.
+  c10::SmallVector<TensorMeta, 1> tensors;
 
   static ValueMeta tensor(TensorMeta m) {
     ValueMeta v;  // not {kind, {m}}: an initializer list would copy m
