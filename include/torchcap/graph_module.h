@@ -149,7 +149,9 @@ class GraphModule {
  private:
   std::unique_ptr<Graph> graph_;
   std::vector<Attribute> attributes_;
-  std::map<std::string, size_t> attribute_index_;
+  // Open addressing, as Graph's name table: a trace sets an attribute for
+  // every parameter it meets.
+  ska::flat_hash_map<std::string, size_t> attribute_index_;
 };
 
 }  // namespace torchcap

@@ -7,7 +7,7 @@
 
 #include <c10/util/Exception.h>
 
-#include <cctype>
+#include <algorithm>
 #include <iterator>
 #include <mutex>
 #include <new>
@@ -23,19 +23,24 @@ const std::unordered_set<std::string>& reserved_names() {
   return names;
 }
 
+// ASCII only, whatever the C locale says: a name must be an identifier to
+// Python and to the file format on every machine. Every node's hint is
+// checked, so this is not std::isalnum (a locale lookup per character).
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_word_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || is_digit(c) || c == '_';
+}
+
 bool is_identifier(const std::string& s) {
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  for (char c : s) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
-  }
-  return true;
+  if (s.empty() || is_digit(s[0])) return false;
+  return std::all_of(s.begin(), s.end(), is_word_char);
 }
 
 std::string sanitize(const std::string& hint) {
   std::string s;
   s.reserve(hint.size() + 1);
-  for (char c : hint) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) s.insert(s.begin(), '_');
+  for (char c : hint) s += is_word_char(c) ? c : '_';
+  if (s.empty() || is_digit(s[0])) s.insert(s.begin(), '_');
   return s;
 }
 

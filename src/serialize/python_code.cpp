@@ -5,20 +5,11 @@
 
 #include "graph/python_literals.h"
 
-#include <cctype>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace torchcap {
 namespace {
-
-bool is_plain_identifier(const std::string& s) {
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  for (char c : s) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
-  }
-  return is_valid_node_name(s);  // not a keyword or builtin either
-}
 
 // "layer1.0.conv1.weight" -> getattr(self.layer1, '0').conv1.weight
 std::string attribute_access(const std::string& path) {
@@ -27,7 +18,7 @@ std::string attribute_access(const std::string& path) {
   while (start <= path.size()) {
     size_t dot = path.find('.', start);
     std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    if (is_plain_identifier(part)) {
+    if (is_valid_node_name(part)) {  // an identifier, not a keyword or builtin
       expr += "." + part;
     } else {
       expr = "getattr(" + expr + ", " + detail::python_string_literal(part) + ")";
