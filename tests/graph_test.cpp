@@ -18,7 +18,7 @@ std::vector<std::string> names(const Graph& g) {
   return out;
 }
 
-std::vector<std::string> names(const std::vector<Node*>& nodes) {
+std::vector<std::string> names(c10::ArrayRef<Node*> nodes) {
   std::vector<std::string> out;
   for (const Node* n : nodes) out.push_back(n->name());
   return out;

@@ -13,6 +13,8 @@
 #include <torchcap/meta.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
 
 #include <optional>
 #include <string>
@@ -69,9 +71,11 @@ class Node {
   std::vector<Node*> replace_all_uses_with(Node* replacement);
 
   // Distinct nodes referenced by the arguments, in order of first appearance.
-  const std::vector<Node*>& inputs() const { return inputs_; }
+  // Like users(), a view, valid until the edges change: copy it (`.vec()`)
+  // to edit the graph while walking it.
+  c10::ArrayRef<Node*> inputs() const { return inputs_; }
   // Distinct nodes that reference this node, in the order they started to.
-  const std::vector<Node*>& users() const { return users_; }
+  c10::ArrayRef<Node*> users() const { return users_; }
 
   NodeMeta& meta() { return meta_; }
   const NodeMeta& meta() const { return meta_; }
@@ -89,8 +93,12 @@ class Node {
   friend class Graph;
   Node(Graph* graph, OpCode op, std::string name, std::string target,
        std::optional<c10::OperatorHandle> handle);
-  std::vector<Node*> collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const;
-  void commit_inputs(std::vector<Node*> fresh);
+  // Inline up to a few: most nodes read one to three values and are read by
+  // one or two, and a trace or a load makes thousands of nodes.
+  using Inputs = c10::SmallVector<Node*, 3>;
+  using Users = c10::SmallVector<Node*, 2>;
+  Inputs collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const;
+  void commit_inputs(Inputs fresh);
   void remove_user(Node* user);
 
   Graph* graph_;
@@ -103,8 +111,8 @@ class Node {
   c10::OperatorName op_name_{"", ""};
   ArgumentList args_;
   Kwargs kwargs_;
-  std::vector<Node*> inputs_;
-  std::vector<Node*> users_;
+  Inputs inputs_;
+  Users users_;
   NodeMeta meta_;
   // Intrusive list, owned by the graph; the graph's sentinel closes the ring.
   Node* prev_ = nullptr;

@@ -251,7 +251,7 @@ Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
   try {
     register_name(n);
     named = true;
-    std::vector<Node*> inputs = n->collect_inputs(args, kwargs);
+    auto inputs = n->collect_inputs(args, kwargs);
     n->args_ = std::move(args);
     n->kwargs_ = std::move(kwargs);
     n->commit_inputs(std::move(inputs));

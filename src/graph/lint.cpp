@@ -71,7 +71,7 @@ void Graph::lint() const {
   // lint quadratic in fan-out and fan-in (a placeholder read by 100,000
   // nodes; a cat of 100,000 values), and loading a file lints it.
   constexpr size_t kShort = 16;
-  auto sorted = [](const std::vector<Node*>& v) {
+  auto sorted = [](c10::ArrayRef<Node*> v) {
     std::vector<const Node*> out(v.begin(), v.end());
     std::sort(out.begin(), out.end());
     return out;
@@ -137,7 +137,7 @@ void Graph::lint() const {
     };
     for (const Argument& a : n->args_) a.for_each_node(collect);
     for (const auto& kv : n->kwargs_) kv.second.for_each_node(collect);
-    if (referenced != n->inputs_) fail("the inputs of " + ref(n) + " do not match its arguments");
+    if (referenced != n->inputs()) fail("the inputs of " + ref(n) + " do not match its arguments");
     for (const Node* in : n->inputs_) {
       if (in->graph_ != this) {
         fail("argument " + ref(in) + " of " + ref(n) + " belongs to a different graph");

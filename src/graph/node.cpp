@@ -53,13 +53,13 @@ const Argument* Node::kwarg(const std::string& name) const {
 }
 
 void Node::set_args(ArgumentList args) {
-  std::vector<Node*> inputs = collect_inputs(args, kwargs_);
+  Inputs inputs = collect_inputs(args, kwargs_);
   args_ = std::move(args);
   commit_inputs(std::move(inputs));
 }
 
 void Node::set_kwargs(Kwargs kwargs) {
-  std::vector<Node*> inputs = collect_inputs(args_, kwargs);
+  Inputs inputs = collect_inputs(args_, kwargs);
   kwargs_ = std::move(kwargs);
   commit_inputs(std::move(inputs));
 }
@@ -82,7 +82,7 @@ void Node::replace_input_with(Node* old_input, Node* new_input) {
   Kwargs kwargs;
   kwargs.reserve(kwargs_.size());
   for (const auto& kv : kwargs_) kwargs.emplace_back(kv.first, kv.second.map_nodes(swap));
-  std::vector<Node*> inputs = collect_inputs(args, kwargs);
+  Inputs inputs = collect_inputs(args, kwargs);
   args_ = std::move(args);
   kwargs_ = std::move(kwargs);
   commit_inputs(std::move(inputs));
@@ -96,15 +96,15 @@ std::vector<Node*> Node::replace_all_uses_with(Node* replacement) {
     throw Error("replace_all_uses_with: the replacement for %" + name_ +
                 " must be a node of the same graph");
   }
-  std::vector<Node*> changed = users_;  // copy: edits below shrink users_
+  std::vector<Node*> changed(users_.begin(), users_.end());  // copy: edits below shrink users_
   for (Node* u : changed) u->replace_input_with(this, replacement);
   return changed;
 }
 
 // Edges are derived from arguments here and committed in commit_inputs, the
 // single write path (STYLE.md 2). Collecting validates before anything changes.
-std::vector<Node*> Node::collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const {
-  std::vector<Node*> fresh;
+Node::Inputs Node::collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const {
+  Inputs fresh;
   // Sized once: most nodes read a few values, and growing the vector one
   // push at a time would allocate for each of the first few.
   size_t references = 0;
@@ -136,7 +136,7 @@ std::vector<Node*> Node::collect_inputs(const ArgumentList& args, const Kwargs& 
   return fresh;
 }
 
-void Node::commit_inputs(std::vector<Node*> fresh) {
+void Node::commit_inputs(Inputs fresh) {
   for (Node* old : inputs_) {
     if (std::find(fresh.begin(), fresh.end(), old) == fresh.end()) old->remove_user(this);
   }
