@@ -40,7 +40,7 @@ from torch.fx.immutable_collections import immutable_dict as _immutable_dict
 from torch.fx.immutable_collections import immutable_list as _immutable_list
 from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 
-from torchcap._errors import WeightError
+from torchcap._errors import Error, WeightError
 from torchcap._format_tables import TABLES as _TABLES
 
 try:  # the compiled part reads the graph faster (Note [The graph read in C++])
@@ -1212,6 +1212,18 @@ def _set_graph_generating_code_later(gm, graph):
         del cls.recompile
     cls.forward = _forward_after_generating_code
     cls._code = property(_generated_code, _set_generated_code)
+    gm.__dict__.pop("_code", None)  # an empty graph's, from GraphModule.__init__
+    if "__reduce__" not in cls.__dict__:  # a traced module has its own
+        cls.__reduce__ = _refuse_pickling
+
+
+def _refuse_pickling(self):
+    """torch.fx pickles a module as its code and rebuilds it by tracing that
+    code symbolically, which gives a module of torchcap's code that takes no
+    arguments: refused here rather than made wrong."""
+    raise Error("this torch.fx module, loaded by torchcap.load (or traced and then edited), "
+                "cannot be pickled: torch.fx would rebuild it from its code without the "
+                "arguments it takes. Save it with torchcap.save and read it with torchcap.load")
 
 
 def _forward_after_generating_code(self, *args, **kwargs):
@@ -1219,14 +1231,17 @@ def _forward_after_generating_code(self, *args, **kwargs):
     return self.forward(*args, **kwargs)
 
 
+# The source is kept in the instance's __dict__ under torch.fx's own key,
+# where pickling a GraphModule looks for it (the property, a data
+# descriptor, takes precedence over that entry for attribute lookups).
 def _generated_code(self):
-    if "_torchcap_source" not in self.__dict__:
+    if "_code" not in self.__dict__:
         self.recompile()
-    return self.__dict__["_torchcap_source"]
+    return self.__dict__["_code"]
 
 
 def _set_generated_code(self, src):
-    self.__dict__["_torchcap_source"] = src
+    self.__dict__["_code"] = src
 
 
 class _NotUsual(Exception):

@@ -23,7 +23,7 @@ from torch.fx.graph_module import _WrappedCall
 from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import (TorchcapCodeGen, _Spec, _cyclic_gc_paused,
                             _forward_after_generating_code, _generated_code,
-                            _refuse_unbound_weights, _set_generated_code,
+                            _refuse_pickling, _refuse_unbound_weights, _set_generated_code,
                             _set_graph_generating_code_later)
 
 try:
@@ -550,8 +550,10 @@ def _set_graph_built_later(gm, build):
     gm.__dict__["_torchcap_build_graph"] = build
     cls = type(gm)
     cls.__getattr__ = _getattr_making_graph
-    for name in ("__deepcopy__", "__reduce__", "__reduce_package__", "__reduce_deploy__"):
-        setattr(cls, name, _after_making_graph(getattr(cls, name)))
+    cls.__deepcopy__ = _after_making_graph(cls.__deepcopy__)
+    cls.__reduce__ = _reduce_traced
+    for name in ("__reduce_package__", "__reduce_deploy__"):
+        setattr(cls, name, _after_making_code(getattr(cls, name)))
     cls.forward = _forward_after_generating_code
     cls._code = property(_generated_code, _set_generated_code)
 
@@ -573,6 +575,43 @@ def _after_making_graph(method):
         self._graph  # noqa: B018 -- made now if not yet
         return method(self, *args)
     return with_graph
+
+
+def _after_making_code(method):
+    """Pickling copies the module's __dict__, then generates its code, and
+    reads the code from the copy: the code must exist before."""
+    def with_code(self, *args):
+        self._code  # noqa: B018 -- the graph and its code, made now if not yet
+        return method(self, *args)
+    return with_code
+
+
+# Note [Pickling a traced module]
+# pickle and torch.save make a traced module again as torchcap.trace made
+# it: from its C++ graph (pickled without tensors, Note [Pickling a traced
+# module] in module.cpp) and the module's current tensors, with its
+# argument structure. torch.fx's own way, code re-traced by torch.fx's
+# symbolic tracer, gives a module that takes no arguments. A module whose
+# graph was edited since the trace has no C++ graph of its code, and the
+# torch.fx way would be wrong: refused (_refuse_pickling).
+_KEPT_WHEN_PICKLED = ("in_spec", "out_spec", "_torchcap_call_structure", "training",
+                      "training_signature")
+
+
+def _reduce_traced(self):
+    if not _as_traced(self):
+        _refuse_pickling(self)
+    graph = self._torchcap_graph
+    tensors = [(name, _attribute(self, name)) for name, _, _ in graph.attributes()]
+    checked = isinstance(type(self)._wrapped_call, _CheckedCall)
+    kept = {k: self.__dict__[k] for k in _KEPT_WHEN_PICKLED if k in self.__dict__}
+    return _unpickle_traced, (graph, tensors, self._torchcap_keywords, checked, kept)
+
+
+def _unpickle_traced(graph, tensors, keywords, checked, kept):
+    gm = _to_fx(graph.with_attributes(tensors), dict.fromkeys(keywords), checked)
+    gm.__dict__.update(kept)
+    return gm
 
 
 def _as_traced(gm):

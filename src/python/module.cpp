@@ -865,17 +865,50 @@ py::list attributes(const GraphModule& gm) {
   return out;
 }
 
-// Saves `gm` with the given attribute values (the torch.fx module's current
-// tensors, which may have been replaced since the trace).
-void save_with(const GraphModule& gm, const std::string& path,
-               const std::vector<std::pair<std::string, py::object>>& tensors) {
+// `gm` with the given attribute values: the torch.fx module's current
+// tensors, which may have been replaced since the trace.
+using NamedPyTensors = std::vector<std::pair<std::string, py::object>>;
+GraphModule with_attributes(const GraphModule& gm, const NamedPyTensors& tensors) {
   GraphModule copy = gm.clone();
   for (const auto& [name, t] : tensors) {
     const Attribute& a = gm.attribute(name);
     copy.set_attribute(name, THPVariable_Unpack(t.ptr()), a.kind);
   }
+  return copy;
+}
+
+void save_with(const GraphModule& gm, const std::string& path, const NamedPyTensors& tensors) {
+  GraphModule copy = with_attributes(gm, tensors);
   py::gil_scoped_release no_gil;
   save(copy, path);
+}
+
+// Note [Pickling a traced module]
+// A torch.fx module made by torchcap.trace holds its C++ graph, which
+// pickle and torch.save must carry with it. It travels as the bytes of a
+// .tcg file whose attributes are metadata only (Note [Weightless tensors]):
+// the torch.fx module pickles the tensors themselves. Unpickled, the graph's
+// attributes are meta tensors, bound to the unpickled torch.fx module's
+// tensors when the module is made again (_unpickle_traced in _trace.py).
+py::bytes pickled_graph(const GraphModule& gm) {
+  GraphModule weightless = gm.clone();
+  for (const Attribute& a : gm.attributes()) {
+    const at::Tensor& t = a.value;
+    weightless.set_attribute(
+        a.name, at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta)), a.kind);
+  }
+  std::string bytes;
+  {
+    py::gil_scoped_release no_gil;
+    bytes = save_to_string(weightless);
+  }
+  return py::bytes(bytes);
+}
+
+GraphModule unpickled_graph(const py::bytes& pickled) {
+  std::string_view bytes = pickled;
+  py::gil_scoped_release no_gil;
+  return load_from_buffer(bytes.data(), bytes.size(), "a pickled torchcap graph");
 }
 
 }  // namespace
@@ -905,13 +938,15 @@ PYBIND11_MODULE(_C, m) {
       .def("build_fx", &build_fx, py::arg("graph"), py::arg("spec_class"), py::arg("direct") = true)
       .def("attributes", &attributes)
       .def("save", &save_with)
+      .def("with_attributes", &with_attributes)
       .def("num_nodes", [](const GraphModule& gm) { return gm.graph().size(); })
       .def("__str__", [](const GraphModule& gm) { return gm.str(); })
       .def("code_with_source", [](const GraphModule& gm) { return gm.str(true); })
       .def("training_signature", &signature_of)
       // The C++ module is immutable once made: copies of a torch.fx module share it.
       .def("__copy__", [](py::object self) { return self; })
-      .def("__deepcopy__", [](py::object self, py::object) { return self; });
+      .def("__deepcopy__", [](py::object self, py::object) { return self; })
+      .def(py::pickle(&pickled_graph, &unpickled_graph));
 
   register_load_bindings(m);
   m.def("save_fx", [](const py::list& nodes, const py::list& attributes, const std::string& path) {

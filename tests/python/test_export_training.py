@@ -2,6 +2,7 @@
 the C++ tracer, trains as torch.optim trains it eagerly."""
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -111,6 +112,20 @@ def test_saved_step_trains_on(tmp_path):
     loaded = torchcap.load(tmp_path / "step.tcg")
     for i, (x, y) in enumerate(data[3:], start=3):
         assert torch.equal(loaded(x, y)["loss"], expected[i]), i
+
+
+def test_pickled_step_trains_on():
+    # pickle carries a step, its optimizer state and its signature.
+    torch.manual_seed(0)
+    model = Classifier().train()
+    data = batches(4)
+    step = torchcap.export_training(model, F.cross_entropy, (data[0][0],), (data[0][1],),
+                                    optimizer=torch.optim.Adam(model.parameters(), lr=1e-2))
+    step(*data[0])
+    copied = pickle.loads(pickle.dumps(step))
+    assert copied.training_signature == step.training_signature
+    for x, y in data[1:]:
+        assert torch.equal(copied(x, y)["loss"], step(x, y)["loss"])
 
 
 def test_errors():

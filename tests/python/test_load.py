@@ -144,10 +144,10 @@ def test_the_graph_read_in_cpp_is_the_graph_read_in_python(files, tmp_path, monk
 def test_code_is_generated_on_first_use(files):
     # Note [Code generated on first use] in _load.py.
     gm = torchcap.load(files / "nested_io.tcg")
-    assert "_torchcap_source" not in gm.__dict__
+    assert "_code" not in gm.__dict__
     inputs = unpickle(files / "nested_io.inputs.pt")
     assert_same(gm(*inputs), unpickle(files / "nested_io.expected.pt"))
-    assert "_torchcap_source" in gm.__dict__
+    assert "_code" in gm.__dict__
     # The code is what torch.fx generates from the graph, also when asked first.
     looked = torchcap.load(files / "nested_io.tcg")
     assert looked.code == gm.code == looked.graph.python_code("self").src

@@ -6,6 +6,7 @@ import collections
 import copy
 import gc
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -651,7 +652,7 @@ def test_code_generated_on_first_use(tmp_path, monkeypatch):
     assert (gm(x) > 0).all()
 
 
-@pytest.mark.parametrize("first_use", ["call", "graph", "code", "str", "deepcopy", "save"])
+@pytest.mark.parametrize("first_use", ["call", "graph", "code", "str", "deepcopy", "pickle", "save"])
 def test_graph_made_on_first_use(tmp_path, first_use):
     # A traced module holds no torch.fx graph until something needs one; each
     # thing that does works on a module without one, and saving needs none.
@@ -669,6 +670,8 @@ def test_graph_made_on_first_use(tmp_path, first_use):
         assert "def forward(" in str(gm)
     elif first_use == "deepcopy":
         assert_tree_equal(copy.deepcopy(gm)(*args), m(*args))
+    elif first_use == "pickle":
+        assert_tree_equal(pickle.loads(pickle.dumps(gm))(*args), m(*args))
     else:
         torchcap.save(gm, tmp_path / "m.tcg")
         assert "_graph" not in vars(gm)
@@ -677,6 +680,47 @@ def test_graph_made_on_first_use(tmp_path, first_use):
     assert gm.code == made_now.python_code("self").src
     assert _node_facts(gm.graph)[0] == _node_facts(made_now)[0]
     assert_tree_equal(gm(*args), m(*args))
+
+
+def test_pickled_like_a_torch_fx_module(tmp_path):
+    # pickle and torch.save carry a traced module as torch.fx pickles its
+    # modules (code and tensors), with the C++ graph beside it, so that the
+    # copy runs and saves as the original does; the C++ graph travels without
+    # its tensors (Note [Pickling a traced module]).
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    gm = torchcap.trace(model, (x,))
+    expected = model(x)
+    path = tmp_path / "gm.pt"
+    torch.save(gm, path)
+    copied = torch.load(path)
+    assert_tree_equal(copied(x), expected)
+    assert path.stat().st_size < 1.2 * sum(t.numel() * t.element_size()
+                                            for t in model.state_dict().values())
+    torchcap.save(copied, tmp_path / "copied.tcg")
+    torchcap.save(gm, tmp_path / "original.tcg")
+    assert_tree_equal(torchcap.load(tmp_path / "copied.tcg")(x), expected)
+    assert str(torchcap.load(tmp_path / "copied.tcg").graph) == \
+        str(torchcap.load(tmp_path / "original.tcg").graph)
+    with pytest.raises(torchcap.InputError, match="arguments structured as"):
+        copied(x, x)  # its argument structure is checked, as the original's
+    # An exported train-mode module's copy updates its buffers, as the program.
+    bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    before = copy.deepcopy(bn)
+    exported = pickle.loads(pickle.dumps(torchcap.export(bn, (x,))))
+    torch.testing.assert_close(exported(x), before(x))
+    for name, buf in before.named_buffers():
+        torch.testing.assert_close(exported.get_buffer(name), buf, msg=name)
+    # torch.fx would make these again from their code, as modules that take
+    # no arguments: refused, saying what to do instead.
+    loaded = torchcap.load(tmp_path / "original.tcg")
+    edited = torchcap.trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
+    relu = next(n for n in edited.graph.nodes if n.target == torch.ops.aten.relu.default)
+    relu.target = torch.ops.aten.sigmoid.default
+    edited.recompile()
+    for module in (loaded, edited):
+        with pytest.raises(torchcap.Error, match="cannot be pickled.*torchcap.save"):
+            pickle.dumps(module)
 
 
 def _node_facts(graph):
