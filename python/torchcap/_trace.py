@@ -12,6 +12,7 @@ are the module's own parameters and buffers.
 """
 
 import collections
+import copy
 import operator
 import os
 
@@ -550,7 +551,7 @@ def _set_graph_built_later(gm, build):
     gm.__dict__["_torchcap_build_graph"] = build
     cls = type(gm)
     cls.__getattr__ = _getattr_making_graph
-    cls.__deepcopy__ = _after_making_graph(cls.__deepcopy__)
+    cls.__deepcopy__ = _deepcopy_traced(_after_making_graph(cls.__deepcopy__))
     cls.__reduce__ = _reduce_traced
     for name in ("__reduce_package__", "__reduce_deploy__"):
         setattr(cls, name, _after_making_code(getattr(cls, name)))
@@ -606,6 +607,18 @@ def _reduce_traced(self):
     checked = isinstance(type(self)._wrapped_call, _CheckedCall)
     kept = {k: self.__dict__[k] for k in _KEPT_WHEN_PICKLED if k in self.__dict__}
     return _unpickle_traced, (graph, tensors, self._torchcap_keywords, checked, kept)
+
+
+def _deepcopy_traced(fx_deepcopy):
+    """copy.deepcopy makes a traced module again as unpickling does, with
+    copies of its tensors; an edited one is copied the torch.fx way, which
+    copies its graph."""
+    def deepcopy(self, memo):
+        if not _as_traced(self):
+            return fx_deepcopy(self, memo)
+        make, args = _reduce_traced(self)
+        return make(*copy.deepcopy(args, memo))
+    return deepcopy
 
 
 def _unpickle_traced(graph, tensors, keywords, checked, kept):

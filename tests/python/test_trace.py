@@ -702,6 +702,13 @@ def test_pickled_like_a_torch_fx_module(tmp_path):
     assert_tree_equal(torchcap.load(tmp_path / "copied.tcg")(x), expected)
     assert str(torchcap.load(tmp_path / "copied.tcg").graph) == \
         str(torchcap.load(tmp_path / "original.tcg").graph)
+    # copy.deepcopy makes it again the same way, with tensors of its own.
+    deep = copy.deepcopy(gm)
+    assert deep.fc.weight is not gm.fc.weight and torch.equal(deep.fc.weight, gm.fc.weight)
+    assert_tree_equal(deep(x), expected)
+    torchcap.save(deep, tmp_path / "deep.tcg")
+    assert str(torchcap.load(tmp_path / "deep.tcg").graph) == \
+        str(torchcap.load(tmp_path / "original.tcg").graph)
     with pytest.raises(torchcap.InputError, match="arguments structured as"):
         copied(x, x)  # its argument structure is checked, as the original's
     # An exported train-mode module's copy updates its buffers, as the program.
