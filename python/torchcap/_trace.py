@@ -540,18 +540,18 @@ def _set_graph_built_later(gm, build):
     of 4.4 ms), and a program traced to be saved (torchcap.save writes the
     C++ graph) or run by the C++ side never needs them. So the module holds
     no graph until something asks for one: gm.graph, gm.code, print(gm),
-    the first call, copying or pickling it. Every one of these reads
-    `self._graph`, which is not in the instance's __dict__ until then, so
-    the lookup reaches the class's __getattr__ (nn.Module's fallback), which
-    makes the graph. copy.deepcopy and pickling read __dict__ directly, so
-    they make it first. `gm` must be of its own class, as every GraphModule
-    is (torch.fx makes one per instance).
+    or the first call. Every one of these reads `self._graph`, which is not
+    in the instance's __dict__ until then, so the lookup reaches the class's
+    __getattr__ (nn.Module's fallback), which makes the graph. Deep copies
+    and pickles are made from the C++ graph (Note [Pickling a traced
+    module]) and need none. `gm` must be of its own class, as every
+    GraphModule is (torch.fx makes one per instance).
     """
     gm.__dict__.pop("_graph", None)
     gm.__dict__["_torchcap_build_graph"] = build
     cls = type(gm)
     cls.__getattr__ = _getattr_making_graph
-    cls.__deepcopy__ = _deepcopy_traced(_after_making_graph(cls.__deepcopy__))
+    cls.__deepcopy__ = _deepcopy_traced(cls.__deepcopy__)
     cls.__reduce__ = _reduce_traced
     for name in ("__reduce_package__", "__reduce_deploy__"):
         setattr(cls, name, _after_making_code(getattr(cls, name)))
@@ -571,13 +571,6 @@ def _getattr_making_graph(self, name):
     return torch.nn.Module.__getattr__(self, name)
 
 
-def _after_making_graph(method):
-    def with_graph(self, *args):
-        self._graph  # noqa: B018 -- made now if not yet
-        return method(self, *args)
-    return with_graph
-
-
 def _after_making_code(method):
     """Pickling copies the module's __dict__, then generates its code, and
     reads the code from the copy: the code must exist before."""
@@ -589,8 +582,8 @@ def _after_making_code(method):
 
 # Note [Pickling a traced module]
 # pickle and torch.save make a traced module again as torchcap.trace made
-# it: from its C++ graph (pickled without tensors, Note [Pickling a traced
-# module] in module.cpp) and the module's current tensors, with its
+# it: from its C++ graph (pickled without tensors, Note [A pickled C++
+# graph] in module.cpp) and the module's current tensors, with its
 # argument structure. torch.fx's own way, code re-traced by torch.fx's
 # symbolic tracer, gives a module that takes no arguments. A module whose
 # graph was edited since the trace has no C++ graph of its code, and the
@@ -611,8 +604,8 @@ def _reduce_traced(self):
 
 def _deepcopy_traced(fx_deepcopy):
     """copy.deepcopy makes a traced module again as unpickling does, with
-    copies of its tensors; an edited one is copied the torch.fx way, which
-    copies its graph."""
+    copies of its tensors; an edited one (whose graph exists, since editing
+    made it) is copied the torch.fx way, which copies its graph."""
     def deepcopy(self, memo):
         if not _as_traced(self):
             return fx_deepcopy(self, memo)

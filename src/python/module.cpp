@@ -883,7 +883,7 @@ void save_with(const GraphModule& gm, const std::string& path, const NamedPyTens
   save(copy, path);
 }
 
-// Note [Pickling a traced module]
+// Note [A pickled C++ graph]
 // A torch.fx module made by torchcap.trace holds its C++ graph, which
 // pickle and torch.save must carry with it. It travels as the bytes of a
 // .tcg file whose attributes are metadata only (Note [Weightless tensors]):
