@@ -7,6 +7,8 @@
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/FunctionRef.h>
 
@@ -96,7 +98,6 @@ class TraceState {
     at::Tensor tensor;  // strong reference: identity by address needs it alive
     Node* attribute;    // its get_attr node, whose target is the attribute's name
     Node* node;         // the node holding its current value
-    bool snapshotted = false;
   };
   Node* getitem_for(Node* source, int64_t index);
 
@@ -104,7 +105,12 @@ class TraceState {
   const TraceOptions& options_;
   GraphModule module_;
   ModuleTensors module_tensors_;
-  std::unordered_map<c10::TensorImpl*, Known> known_;
+  ska::flat_hash_map<c10::TensorImpl*, Known> known_;
+  // The known tensors not yet snapshotted, by storage: an in-place write to
+  // any other storage (nearly every write) costs one lookup, not a walk over
+  // known_.
+  ska::flat_hash_map<const c10::StorageImpl*, c10::SmallVector<c10::TensorImpl*, 1>>
+      unsnapshotted_by_storage_;
   // Meta stand-ins of plain tensors, beside a strong reference to each.
   std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> stand_ins_;
   std::unordered_set<std::string> preserve_;

@@ -159,6 +159,9 @@ Node* TraceState::node_for(const at::Tensor& t, c10::function_ref<std::string()>
   Node* node = graph().get_attr(*name);
   node->meta().val = ValueMeta::tensor(TensorMeta::of(t));
   known_.emplace(t.unsafeGetTensorImpl(), Known{t, node, node});
+  if (t.has_storage()) {
+    unsnapshotted_by_storage_[t.storage().unsafeGetStorageImpl()].push_back(t.unsafeGetTensorImpl());
+  }
   return node;
 }
 
@@ -196,19 +199,17 @@ void TraceState::before_write(const at::Tensor& t) {
   // In meta mode nothing writes to real memory.
   if (meta()) return;
   at::Tensor value = unwrap_tracing_tensor(t);
-  if (!value.has_storage() || known_.empty()) return;
+  if (!value.has_storage()) return;
   const c10::StorageImpl* storage = value.storage().unsafeGetStorageImpl();
-  for (auto& entry : known_) {
-    Known& k = entry.second;
-    if (k.snapshotted || !k.tensor.has_storage() ||
-        k.tensor.storage().unsafeGetStorageImpl() != storage) {
-      continue;
-    }
+  auto shared = unsnapshotted_by_storage_.find(storage);
+  if (shared == unsnapshotted_by_storage_.end()) return;
+  for (c10::TensorImpl* impl : shared->second) {
+    Known& k = known_.at(impl);
     const std::string& name = k.attribute->target();
     const Attribute& attr = module_.attribute(name);
     module_.set_attribute(name, k.tensor.clone(), attr.kind);
-    k.snapshotted = true;
   }
+  unsnapshotted_by_storage_.erase(shared);
 }
 
 namespace {
