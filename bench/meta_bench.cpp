@@ -19,7 +19,9 @@
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
 // trace_bench, the median over interleaved rounds of each round's difference,
 // in wall time and in process CPU time (all threads); meta mode computes
-// nothing, so its figure is trace / nodes.
+// nothing, so its figure is trace / nodes. Allocations: operator new calls
+// (from any library) of a trace minus those of an eager run, per node; a
+// count, the same from run to run, where times vary by a few percent.
 #include "bench_util.h"
 #include "models.h"
 #include "transformers.h"
@@ -31,12 +33,70 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <new>
+
+// Note [Counting allocations]
+// The benchmark replaces the global operator new, which every library of the
+// process then calls (LibTorch's tensors, the tracer's nodes, the standard
+// library's strings and vectors), to count heap allocations. Memory still
+// comes from malloc.
+namespace {
+std::atomic<uint64_t> allocations{0};
+
+void* counted_allocation(std::size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+
+void* counted_allocation(std::size_t n, std::align_val_t alignment) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t a = std::max(static_cast<std::size_t>(alignment), sizeof(void*));
+  void* p = nullptr;
+  if (posix_memalign(&p, a, n == 0 ? 1 : n) == 0) return p;
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void* operator new(std::size_t n) { return counted_allocation(n); }
+void* operator new[](std::size_t n) { return counted_allocation(n); }
+void* operator new(std::size_t n, std::align_val_t a) { return counted_allocation(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a) { return counted_allocation(n, a); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace torchcap::bench {
 namespace {
+
+// Heap allocations (operator new calls) made by one call of `fn`, after one
+// call to warm it up.
+uint64_t allocations_of(const std::function<void()>& fn) {
+  fn();
+  const uint64_t before = allocations.load(std::memory_order_relaxed);
+  fn();
+  return allocations.load(std::memory_order_relaxed) - before;
+}
 
 struct Program {
   std::string name;
@@ -94,6 +154,8 @@ void compare(Program& p) {
   double t_meta = median_seconds(in_meta, 7, meta_iters);
   double t_shapes = median_seconds(shapes_only, 7, meta_iters);
   const double t_eager = real_mode.base_wall;
+  const double extra_allocations =
+      static_cast<double>(allocations_of(real)) - static_cast<double>(allocations_of(eager));
 
   const std::string prefix = "meta/" + p.name + "/";
   print(prefix + "nodes", static_cast<double>(nodes), "nodes");
@@ -103,6 +165,7 @@ void compare(Program& p) {
   print(prefix + "meta_trace_shapes_only", t_shapes * 1e3, "ms");
   print(prefix + "real_overhead_per_node", real_mode.excess_wall / nodes * 1e6, "us");
   print(prefix + "real_overhead_per_node_cpu", real_mode.excess_cpu / nodes * 1e6, "us");
+  print(prefix + "real_allocations_per_node", extra_allocations / nodes, "allocations");
   print(prefix + "meta_per_node", t_meta / meta_nodes * 1e6, "us");
   print(prefix + "real_over_eager", (t_eager + real_mode.excess_wall) / t_eager, "x");
   print(prefix + "real_over_eager_cpu",
