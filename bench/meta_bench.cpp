@@ -19,7 +19,9 @@
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
 // trace_bench, the median over interleaved rounds of each round's difference,
 // in wall time and in process CPU time (all threads); meta mode computes
-// nothing, so its figure is trace / nodes. Allocations: operator new calls
+// nothing, so its figure is trace / nodes. Real mode is measured with stack
+// traces (the default) and without (record_stack_traces = false).
+// Allocations: operator new calls
 // (from any library) of a trace minus those of an eager run, per node; a
 // count, the same from run to run, where times vary by a few percent.
 #include "bench_util.h"
@@ -140,6 +142,9 @@ void compare(Program& p) {
     p.forward(p.inputs);
   };
   auto real = [&] { nodes = trace(p.state, p.forward, p.inputs).graph().size(); };
+  TraceOptions no_stack_traces;
+  no_stack_traces.record_stack_traces = false;
+  auto real_without_stacks = [&] { trace(p.state, p.forward, p.inputs, no_stack_traces); };
   auto in_meta = [&] { meta_nodes = trace(p.state, p.forward, p.inputs, meta).graph().size(); };
   std::vector<c10::IValue> shapes = as_meta(p.inputs);
   auto shapes_only = [&] { trace(p.state, p.forward, shapes, meta); };
@@ -150,9 +155,11 @@ void compare(Program& p) {
   const bool slow = iters == 1;
   // Eager and real mode in interleaved rounds (their difference is the
   // figure that matters, and the machine's load drifts). On ResNet-18 the
-  // difference is 1-3 % of a run and one round's spreads by about as much:
-  // 31 rounds (about 12 s) keep the median from moving much between runs.
-  Paired real_mode = paired_seconds(eager, real, slow ? 7 : 31, iters, slow ? 1 : 2);
+  // difference is 1-4 % of a run and one round's spreads by about as much:
+  // 31 rounds (about 6 s) keep the median from moving much between runs.
+  const int rounds = slow ? 7 : 31;
+  Paired real_mode = paired_seconds(eager, real, rounds, iters, slow ? 1 : 2);
+  Paired without_stacks = paired_seconds(eager, real_without_stacks, rounds, iters, slow ? 1 : 2);
   int meta_iters = iterations_for(in_meta, 0.05);
   double t_meta = median_seconds(in_meta, 7, meta_iters);
   double t_shapes = median_seconds(shapes_only, 7, meta_iters);
@@ -171,6 +178,8 @@ void compare(Program& p) {
   print(prefix + "real_allocations_per_node", extra_allocations / nodes, "allocations");
   print(prefix + "meta_per_node", t_meta / meta_nodes * 1e6, "us");
   print(prefix + "real_over_eager", (t_eager + real_mode.excess_wall) / t_eager, "x");
+  print(prefix + "real_over_eager_no_stack_traces",
+        (without_stacks.base_wall + without_stacks.excess_wall) / without_stacks.base_wall, "x");
   print(prefix + "real_over_eager_cpu",
         (real_mode.base_cpu + real_mode.excess_cpu) / real_mode.base_cpu, "x");
   print(prefix + "meta_over_eager", t_meta / t_eager, "x");
