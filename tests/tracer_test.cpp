@@ -4,6 +4,7 @@
 #include <torchcap/export.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
+#include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
 #include <torchcap/tracing_tensor.h>
 
@@ -207,6 +208,34 @@ TEST(ParameterCache, OneParameterUsedThreeTimesIsOneGetAttr) {
   ASSERT_NE(shift, nullptr);
   EXPECT_EQ(shift->users().size(), 3u);
   EXPECT_EQ(gm.attribute("shift").kind, AttributeKind::Parameter);
+}
+
+TEST(ParameterCache, AWriteKeepsEveryAttributeOnTheWrittenMemoryAsBeforeTheTrace) {
+  // Two buffers on one storage, a tensor and a view of it: the program reads
+  // the view, then writes the tensor in place. The run changes the module's
+  // buffers; the graph keeps both as they were, so that running it once does
+  // what the program did once.
+  at::Tensor counts = at::arange(6, at::kFloat);
+  at::Tensor rows = counts.view({2, 3});
+  const at::Tensor before = counts.clone();
+  ModuleState state;
+  state.buffers = {{"counts", counts}, {"rows", rows}};
+  TracedFunction program = [&](IValues in) {
+    at::Tensor y = rows * in[0].toTensor();
+    counts.add_(1);
+    return c10::IValue(std::make_tuple(y, rows.sum()));
+  };
+  GraphModule gm = trace(state, program, {at::full({3}, 2.0)});
+  EXPECT_TRUE(at::equal(counts, before + 1));
+  EXPECT_TRUE(at::equal(gm.attribute("counts").value, before));
+  EXPECT_TRUE(at::equal(gm.attribute("rows").value, before.view({2, 3})));
+  auto out = Interpreter(gm).run({at::full({3}, 2.0)}).toTuple();
+  EXPECT_TRUE(at::equal(out->elements()[0].toTensor(), before.view({2, 3}) * 2));
+  EXPECT_EQ(out->elements()[1].toTensor().item<float>(), (before + 1).sum().item<float>());
+  std::string saved = save_to_string(gm);
+  GraphModule loaded = load_from_buffer(saved.data(), saved.size());
+  auto again = Interpreter(loaded).run({at::full({3}, 2.0)}).toTuple();
+  EXPECT_EQ(again->elements()[1].toTensor().item<float>(), (before + 1).sum().item<float>());
 }
 
 TEST(Constants, AreLiftedOnceByIdentityAndKeptAlive) {

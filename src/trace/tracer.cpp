@@ -203,11 +203,31 @@ void TraceState::before_write(const at::Tensor& t) {
   const c10::StorageImpl* storage = value.storage().unsafeGetStorageImpl();
   auto shared = unsnapshotted_by_storage_.find(storage);
   if (shared == unsnapshotted_by_storage_.end()) return;
+  // One copy of the memory, and each attribute on it a view of the copy at
+  // its own place: attributes that alias in the program (a buffer and a view
+  // of it) alias in the graph too, so that the graph's write to one is seen
+  // through the other, as the program's was. Tensors that cannot be such a
+  // view (quantized, not strided) are copied on their own.
+  at::Tensor memory;
   for (c10::TensorImpl* impl : shared->second) {
     Known& k = known_.at(impl);
     const std::string& name = k.attribute->target();
     const Attribute& attr = module_.attribute(name);
-    module_.set_attribute(name, k.tensor.clone(), attr.kind);
+    at::Tensor copy;
+    if (k.tensor.is_quantized() || k.tensor.layout() != at::kStrided) {
+      copy = k.tensor.clone();
+    } else {
+      if (!memory.defined()) {
+        const int64_t nbytes = static_cast<int64_t>(value.storage().nbytes());
+        memory = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(value.device()))
+                     .set_(value.storage(), 0, {nbytes}, {1})
+                     .clone();
+      }
+      copy = at::empty({0}, k.tensor.options())
+                 .set_(memory.storage(), k.tensor.storage_offset(), k.tensor.sizes(),
+                       k.tensor.strides());
+    }
+    module_.set_attribute(name, std::move(copy), attr.kind);
   }
   unsnapshotted_by_storage_.erase(shared);
 }
