@@ -100,6 +100,9 @@ class TraceState {
     Node* node;         // the node holding its current value
   };
   Node* getitem_for(Node* source, int64_t index);
+  // `t` as the graph holds it: a view of the copy of its memory if an
+  // attribute on that memory was written and copied, else `t`.
+  at::Tensor snapshot_view(const at::Tensor& t) const;
 
   uint64_t id_;
   const TraceOptions& options_;
@@ -111,6 +114,10 @@ class TraceState {
   // known_.
   ska::flat_hash_map<const c10::StorageImpl*, c10::SmallVector<c10::TensorImpl*, 1>>
       unsnapshotted_by_storage_;
+  // The copies of written memory (bytes) the graph's attributes are views of,
+  // by the program's storage: a tensor on that memory met only after the
+  // write becomes a view of the copy too (TraceState::snapshot_view).
+  ska::flat_hash_map<const c10::StorageImpl*, at::Tensor> snapshots_;
   // Meta stand-ins of plain tensors, beside a strong reference to each.
   std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> stand_ins_;
   std::unordered_set<std::string> preserve_;

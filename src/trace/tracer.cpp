@@ -155,11 +155,13 @@ Node* TraceState::node_for(const at::Tensor& t, c10::function_ref<std::string()>
       constant = "_tensor_constant" + std::to_string(next_constant_++);
     } while (module_.has_attribute(constant));
   }
-  module_.set_attribute(*name, t, kind);
+  at::Tensor held = snapshot_view(t);
+  const bool copied = !held.is_same(t);
+  module_.set_attribute(*name, std::move(held), kind);
   Node* node = graph().get_attr(*name);
   node->meta().val = ValueMeta::tensor(TensorMeta::of(t));
   known_.emplace(t.unsafeGetTensorImpl(), Known{t, node, node});
-  if (t.has_storage()) {
+  if (t.has_storage() && !copied) {
     unsnapshotted_by_storage_[t.storage().unsafeGetStorageImpl()].push_back(t.unsafeGetTensorImpl());
   }
   return node;
@@ -195,6 +197,27 @@ at::Tensor TraceState::stand_in(const at::Tensor& t) {
   return it->second.second;
 }
 
+namespace {
+
+// A tensor with the dtype, place, sizes and strides of `t` in `memory`, a
+// copy of t's storage as bytes.
+at::Tensor view_of(const at::Tensor& memory, const at::Tensor& t) {
+  return at::empty({0}, t.options())
+      .set_(memory.storage(), t.storage_offset(), t.sizes(), t.strides());
+}
+
+bool can_be_viewed(const at::Tensor& t) {
+  return t.has_storage() && !t.is_quantized() && t.layout() == at::kStrided;
+}
+
+}  // namespace
+
+at::Tensor TraceState::snapshot_view(const at::Tensor& t) const {
+  if (snapshots_.empty() || !can_be_viewed(t)) return t;
+  auto it = snapshots_.find(t.storage().unsafeGetStorageImpl());
+  return it == snapshots_.end() || !it->second.defined() ? t : view_of(it->second, t);
+}
+
 void TraceState::before_write(const at::Tensor& t) {
   // In meta mode nothing writes to real memory.
   if (meta()) return;
@@ -208,13 +231,13 @@ void TraceState::before_write(const at::Tensor& t) {
   // of it) alias in the graph too, so that the graph's write to one is seen
   // through the other, as the program's was. Tensors that cannot be such a
   // view (quantized, not strided) are copied on their own.
-  at::Tensor memory;
+  at::Tensor& memory = snapshots_[storage];
   for (c10::TensorImpl* impl : shared->second) {
     Known& k = known_.at(impl);
     const std::string& name = k.attribute->target();
     const Attribute& attr = module_.attribute(name);
     at::Tensor copy;
-    if (k.tensor.is_quantized() || k.tensor.layout() != at::kStrided) {
+    if (!can_be_viewed(k.tensor)) {
       copy = k.tensor.clone();
     } else {
       if (!memory.defined()) {
@@ -223,9 +246,7 @@ void TraceState::before_write(const at::Tensor& t) {
                      .set_(value.storage(), 0, {nbytes}, {1})
                      .clone();
       }
-      copy = at::empty({0}, k.tensor.options())
-                 .set_(memory.storage(), k.tensor.storage_offset(), k.tensor.sizes(),
-                       k.tensor.strides());
+      copy = view_of(memory, k.tensor);
     }
     module_.set_attribute(name, std::move(copy), attr.kind);
   }
