@@ -7,10 +7,10 @@
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
-#include <c10/util/SmallVector.h>
-#include <c10/util/flat_hash_map.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/FunctionRef.h>
+#include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
 #include <optional>

@@ -162,7 +162,8 @@ Node* TraceState::node_for(const at::Tensor& t, c10::function_ref<std::string()>
   node->meta().val = ValueMeta::tensor(TensorMeta::of(t));
   known_.emplace(t.unsafeGetTensorImpl(), Known{t, node, node});
   if (t.has_storage() && !copied) {
-    unsnapshotted_by_storage_[t.storage().unsafeGetStorageImpl()].push_back(t.unsafeGetTensorImpl());
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    unsnapshotted_by_storage_[t.storage().unsafeGetStorageImpl()].push_back(impl);
   }
   return node;
 }
