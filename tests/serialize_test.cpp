@@ -524,6 +524,32 @@ TEST(Save, AModuleThatCannotBeStoredLeavesTheOldFile) {
       gm, "save: attribute 'q': tensors of dtype QInt8 cannot be stored");
 }
 
+TEST(Save, AttributesThatShareMemoryAreRefusedWhenTheGraphWritesOne) {
+  // A buffer and views of it (Note [Attributes that share memory]): the
+  // file would store them apart, and the loaded graph would read the old
+  // value through the view after writing the buffer.
+  at::Tensor counts = at::arange(6, at::kFloat);
+  at::Tensor rows = counts.view({2, 3});
+  ModuleState state;
+  state.buffers = {{"counts", counts}, {"rows", rows}};
+  GraphModule written = trace(state, [&](std::vector<c10::IValue>) {
+    counts.view({6}).add_(1);  // through a view of the buffer, too
+    return c10::IValue(rows.sum());
+  }, {});
+  expect_save_fails_leaving_the_old_file(
+      written,
+      "save: node %add_ writes attribute 'counts' in place, whose memory attribute 'rows' "
+      "shares; the file stores each attribute's memory on its own, so the loaded graph would "
+      "not see the write through 'rows'. Make one of them a tensor of its own (clone it) in "
+      "the program");
+  // Only read, they load with the values they had.
+  GraphModule read = trace(state, [&](std::vector<c10::IValue>) {
+    return c10::IValue(rows.sum() + counts.sum());
+  }, {});
+  GraphModule loaded = round_trip(read);
+  EXPECT_TRUE(at::equal(Interpreter(loaded).run({}).toTensor(), rows.sum() + counts.sum()));
+}
+
 TEST(Save, IntoAMissingDirectoryFailsCleanly) {
   TempDir dir;
   const std::string path = dir.file("missing/m.tcg");

@@ -235,8 +235,8 @@ TEST(ParameterCache, AttributesOnWrittenMemoryAliasInTheGraphAsInTheProgram) {
   EXPECT_TRUE(at::equal(gm.attribute("cols").value, before.view({3, 2})));
 
   // Two runs, each doing what one run of the program does. (The file format
-  // stores each attribute's memory on its own: loaded, the three no longer
-  // alias.)
+  // stores each attribute's memory on its own, and save refuses this module:
+  // Save.AttributesThatShareMemoryAreRefusedWhenTheGraphWritesOne.)
   Interpreter interpreter(gm);
   for (int run = 1; run <= 2; ++run) {
     auto out = interpreter.run({at::full({3}, 2.0)}).toTuple();

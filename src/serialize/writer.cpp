@@ -2,6 +2,7 @@
 #include <torchcap/error.h>
 #include <torchcap/serialize.h>
 
+#include "graph/hidden_writes.h"
 #include "serialize/format.h"
 #include "serialize/json_scan.h"
 #include "serialize/utf8.h"
@@ -346,6 +347,87 @@ class Sink {
   virtual void reserve(uint64_t) {}
 };
 
+// Note [Attributes that share memory]
+// The file stores each tensor's bytes on their own (both readers refuse
+// overlapping bytes as damage), so distinct attributes that share memory in
+// the module (a buffer and a view of it; the tracer keeps them so, Note
+// [Attributes written during a trace]) are independent once loaded. That
+// changes nothing while the graph only reads them; a graph that writes one
+// in place would, loaded, not see the write through the other: a silent
+// wrong answer, so such a module is refused.
+
+// The node whose value `n`'s value is a view of, followed back to where no
+// result aliases an argument (a get_attr, a placeholder, a computed value).
+const Node* alias_root(const Node* n) {
+  while (n->op() == OpCode::CallFunction && !n->is_getitem() && !n->args().empty() &&
+         n->args()[0].is_node()) {
+    const c10::FunctionSchema& s = n->op_handle().schema();
+    if (s.returns().empty() || s.returns()[0].alias_info() == nullptr ||
+        s.arguments().empty() || s.arguments()[0].alias_info() == nullptr) {
+      break;
+    }
+    n = n->args()[0].to_node();
+  }
+  return n;
+}
+
+// The get_attr nodes whose memory `n` writes, declared or not (Note [Writes
+// the schema does not declare]).
+std::vector<const Node*> written_attributes(const Node* n) {
+  std::vector<const Node*> out;
+  if (n->op() != OpCode::CallFunction || n->is_getitem()) return out;
+  const c10::FunctionSchema& s = n->op_handle().schema();
+  auto given = [&](size_t i) -> const Argument* {
+    return i < n->args().size() ? &n->args()[i] : n->kwarg(s.arguments()[i].name());
+  };
+  auto add = [&](size_t i) {
+    const Argument* a = given(i);
+    if (a == nullptr || !a->is_node()) return;
+    const Node* root = alias_root(a->to_node());
+    if (root->op() == OpCode::GetAttr) out.push_back(root);
+  };
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    const c10::AliasInfo* info = s.arguments()[i].alias_info();
+    if (info != nullptr && info->isWrite()) add(i);
+  }
+  if (const detail::HiddenWrites* hidden = detail::hidden_writes(s.operator_name())) {
+    const Argument* cond = given(hidden->condition);
+    if (cond != nullptr && cond->is_bool() && cond->to_bool()) {
+      for (size_t i : hidden->arguments) add(i);
+    }
+  }
+  return out;
+}
+
+void check_no_written_attribute_shares_memory(const GraphModule& gm) {
+  // Attributes on one storage as distinct tensors (tied names of one tensor
+  // are stored once and stay tied).
+  std::unordered_map<const c10::StorageImpl*, std::vector<const Attribute*>> by_storage;
+  bool shared = false;
+  for (const Attribute& a : gm.attributes()) {
+    if (!a.value.defined() || a.value.is_meta() || !a.value.has_storage()) continue;
+    auto& on = by_storage[a.value.storage().unsafeGetStorageImpl()];
+    for (const Attribute* other : on) {
+      shared = shared || !other->value.is_same(a.value);
+    }
+    on.push_back(&a);
+  }
+  if (!shared) return;
+  for (const Node* n : gm.graph()) {
+    for (const Node* attribute : written_attributes(n)) {
+      const Attribute& a = gm.attribute(attribute->target());
+      if (!a.value.defined() || a.value.is_meta() || !a.value.has_storage()) continue;
+      for (const Attribute* other : by_storage.at(a.value.storage().unsafeGetStorageImpl())) {
+        if (other->value.is_same(a.value)) continue;
+        fail(node_where(n) + " writes attribute '" + a.name + "' in place, whose memory "
+             "attribute '" + other->name + "' shares; the file stores each attribute's memory "
+             "on its own, so the loaded graph would not see the write through '" + other->name +
+             "'. Make one of them a tensor of its own (clone it) in the program");
+      }
+    }
+  }
+}
+
 class Writer {
  public:
   explicit Writer(const GraphModule& gm) : gm_(gm) {}
@@ -363,6 +445,7 @@ class Writer {
     } catch (const LintError& e) {
       fail(std::string("the module does not pass lint: ") + e.what());
     }
+    check_no_written_attribute_shares_memory(gm_);
     // The nodes are written as text (Note [Writing the nodes as text]); the
     // small rest is a tree, dumped after them. The bytes are what dumping one
     // tree of everything would give.
