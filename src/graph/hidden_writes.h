@@ -10,6 +10,7 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/operator_name.h>
+#include <torchcap/node.h>
 
 #include <cstddef>
 #include <vector>
@@ -37,6 +38,11 @@ const HiddenWrites* hidden_writes(const c10::OperatorName& op);
 // Whether the condition of `h` holds for the arguments on `stack` (the
 // operator's full argument list), and so the writes happen.
 bool hidden_writes_happen(const HiddenWrites& h, const std::vector<c10::IValue>& stack);
+
+// The arguments a call_function node gives that its operator writes: those
+// its schema marks written, and its hidden writes when their condition
+// argument is true. Arguments the node does not give are left out.
+std::vector<const Argument*> written_arguments(const Node& n);
 
 }  // namespace detail
 }  // namespace torchcap

@@ -163,20 +163,38 @@ bool Node::has_side_effects() const {
   for (const c10::Argument& a : s.arguments()) {
     if (a.alias_info() && a.alias_info()->isWrite()) return true;
   }
-  if (const detail::HiddenWrites* hidden = detail::hidden_writes(handle_->operator_name())) {
-    // Writes when the condition argument is true, to the written arguments
-    // that are given (positionally or by name).
-    auto given = [&](size_t i) -> const Argument* {
-      return i < args_.size() ? &args_[i] : kwarg(s.arguments()[i].name());
-    };
-    const Argument* cond = given(hidden->condition);
-    if (cond == nullptr || !cond->is_bool() || !cond->to_bool()) return false;
-    for (size_t i : hidden->arguments) {
-      const Argument* a = given(i);
-      if (a != nullptr && a->is_node()) return true;
-    }
+  // Hidden writes, when they happen, to the written arguments given.
+  if (detail::hidden_writes(handle_->operator_name()) == nullptr) return false;
+  for (const Argument* a : detail::written_arguments(*this)) {
+    if (a->is_node()) return true;
   }
   return false;
 }
 
+namespace detail {
+
+std::vector<const Argument*> written_arguments(const Node& n) {
+  std::vector<const Argument*> out;
+  if (n.op() != OpCode::CallFunction || n.is_getitem()) return out;
+  const c10::FunctionSchema& s = n.op_handle().schema();
+  auto given = [&](size_t i) -> const Argument* {
+    return i < n.args().size() ? &n.args()[i] : n.kwarg(s.arguments()[i].name());
+  };
+  for (size_t i = 0; i < s.arguments().size(); ++i) {
+    const c10::AliasInfo* info = s.arguments()[i].alias_info();
+    if (info == nullptr || !info->isWrite()) continue;
+    if (const Argument* a = given(i)) out.push_back(a);
+  }
+  if (const HiddenWrites* hidden = hidden_writes(s.operator_name())) {
+    const Argument* cond = given(hidden->condition);
+    if (cond != nullptr && cond->is_bool() && cond->to_bool()) {
+      for (size_t i : hidden->arguments) {
+        if (const Argument* a = given(i)) out.push_back(a);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
 }  // namespace torchcap

@@ -375,26 +375,10 @@ const Node* alias_root(const Node* n) {
 // the schema does not declare]).
 std::vector<const Node*> written_attributes(const Node* n) {
   std::vector<const Node*> out;
-  if (n->op() != OpCode::CallFunction || n->is_getitem()) return out;
-  const c10::FunctionSchema& s = n->op_handle().schema();
-  auto given = [&](size_t i) -> const Argument* {
-    return i < n->args().size() ? &n->args()[i] : n->kwarg(s.arguments()[i].name());
-  };
-  auto add = [&](size_t i) {
-    const Argument* a = given(i);
-    if (a == nullptr || !a->is_node()) return;
+  for (const Argument* a : detail::written_arguments(*n)) {
+    if (!a->is_node()) continue;
     const Node* root = alias_root(a->to_node());
     if (root->op() == OpCode::GetAttr) out.push_back(root);
-  };
-  for (size_t i = 0; i < s.arguments().size(); ++i) {
-    const c10::AliasInfo* info = s.arguments()[i].alias_info();
-    if (info != nullptr && info->isWrite()) add(i);
-  }
-  if (const detail::HiddenWrites* hidden = detail::hidden_writes(s.operator_name())) {
-    const Argument* cond = given(hidden->condition);
-    if (cond != nullptr && cond->is_bool() && cond->to_bool()) {
-      for (size_t i : hidden->arguments) add(i);
-    }
   }
   return out;
 }
