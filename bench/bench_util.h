@@ -46,12 +46,21 @@ inline double process_cpu_seconds() {
 // run, then variant run, `iters` calls each), so that a change in the
 // machine's load hits both sides of a difference alike. Medians over rounds
 // of wall and process CPU seconds per call, and of the per-round excess of
-// the variant over the baseline.
+// the variant over the baseline; and each side's minor page faults per call,
+// averaged over the rounds (a program's heap may be given back to the system
+// and faulted in again, which costs as much as a few percent of a run).
 struct Paired {
   double base_wall = 0, base_cpu = 0;
   double wall = 0, cpu = 0;
   double excess_wall = 0, excess_cpu = 0;
+  double base_faults = 0, faults = 0;
 };
+
+inline long minor_faults() {
+  rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
 
 inline Paired paired_seconds(const std::function<void()>& base, const std::function<void()>& variant,
                              int rounds, int iters = 1, int warmup = 2) {
@@ -64,23 +73,28 @@ inline Paired paired_seconds(const std::function<void()>& base, const std::funct
     return v[v.size() / 2];
   };
   auto time = [iters](const std::function<void()>& fn, std::vector<double>& wall,
-                      std::vector<double>& cpu) {
+                      std::vector<double>& cpu, long& faults) {
+    long f0 = minor_faults();
     double c0 = process_cpu_seconds();
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < iters; ++i) fn();
     auto t1 = std::chrono::steady_clock::now();
     double c1 = process_cpu_seconds();
+    faults += minor_faults() - f0;
     wall.push_back(std::chrono::duration<double>(t1 - t0).count() / iters);
     cpu.push_back((c1 - c0) / iters);
   };
   std::vector<double> bw, bc, vw, vc, ew, ec;
+  long bf = 0, vf = 0;
   for (int r = 0; r < rounds; ++r) {
-    time(base, bw, bc);
-    time(variant, vw, vc);
+    time(base, bw, bc, bf);
+    time(variant, vw, vc, vf);
     ew.push_back(vw.back() - bw.back());
     ec.push_back(vc.back() - bc.back());
   }
-  return {median(bw), median(bc), median(vw), median(vc), median(ew), median(ec)};
+  const double calls = static_cast<double>(rounds) * iters;
+  return {median(bw), median(bc), median(vw), median(vc), median(ew), median(ec),
+          static_cast<double>(bf) / calls, static_cast<double>(vf) / calls};
 }
 
 // Enough calls per run for a run to last about `target` seconds.

@@ -24,6 +24,8 @@
 // Allocations: operator new calls
 // (from any library) of a trace minus those of an eager run, per node; a
 // count, the same from run to run, where times vary by a few percent.
+// Page faults: minor faults per eager run and per trace over the rounds
+// (Note [Page faults in the rounds]).
 #include "bench_util.h"
 #include "models.h"
 #include "transformers.h"
@@ -90,6 +92,17 @@ void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); 
 
 namespace torchcap::bench {
 namespace {
+
+// Note [Page faults in the rounds]
+// glibc gives the top of its heap back to the system when enough of it is
+// free, and a later large allocation then faults its pages in afresh: a
+// kernel entry and a zeroed page each. Which of two interleaved programs
+// pays depends on the order of their allocations and on the heap's state:
+// this bench has measured ResNet-18's trace at 1.35x eager (each trace
+// faulted about 2,400 pages) and, after a reboot, at 0.79x (each eager run
+// faulted, 47 ms against 31), and it moves between runs of one build. So each
+// side's page faults per run are printed beside each ratio: a ratio is the
+// tracer's cost only when neither side faults.
 
 // Heap allocations (operator new calls) made by one call of `fn`, after one
 // call to warm it up.
@@ -176,6 +189,10 @@ void compare(Program& p) {
   print(prefix + "real_overhead_per_node", real_mode.excess_wall / nodes * 1e6, "us");
   print(prefix + "real_overhead_per_node_cpu", real_mode.excess_cpu / nodes * 1e6, "us");
   print(prefix + "real_allocations_per_node", extra_allocations / nodes, "allocations");
+  print(prefix + "eager_page_faults_per_run", real_mode.base_faults, "faults");
+  print(prefix + "real_page_faults_per_run", real_mode.faults, "faults");
+  print(prefix + "no_stack_traces/eager_page_faults_per_run", without_stacks.base_faults, "faults");
+  print(prefix + "no_stack_traces/real_page_faults_per_run", without_stacks.faults, "faults");
   print(prefix + "meta_per_node", t_meta / meta_nodes * 1e6, "us");
   print(prefix + "real_over_eager", (t_eager + real_mode.excess_wall) / t_eager, "x");
   print(prefix + "real_over_eager_no_stack_traces",
