@@ -9,12 +9,14 @@
 //                        size of its weightless file (run
 //                        it in a process of its own: the peak is the
 //                        process's)
-//   meta_bench loop NAME [SECONDS|Nx [--no-stack-traces|--eager]]
+//   meta_bench loop NAME [SECONDS|Nx [--no-stack-traces|--eager|--alternate [--no-stack-traces]]]
 //                        traces one model (mlp200, resnet18, vit_b32, any
 //                        zoo example) in real mode again and again, or runs
 //                        it eagerly, for a profiler: for SECONDS (10), or N
 //                        times ("20x", for instruction counts under
-//                        valgrind)
+//                        valgrind); --alternate runs it eagerly and traces
+//                        it in turn, and prints the mean time and page
+//                        faults of each (Note [Page faults in the rounds])
 //
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
 // trace_bench, the median over interleaved rounds of each round's difference,
@@ -220,12 +222,49 @@ void models(const std::string& only) {
 // (perf record -g build/meta_bench loop mlp200 10).
 // `how`: "" (trace), "--no-stack-traces", or "--eager" (runs the program
 // itself, to compare).
-void loop(const std::string& name, const std::string& duration, const std::string& how) {
+// Eager runs and traces in turn, one each, `runs` times: mean times and page
+// faults of each side.
+void alternate(Program& p, int runs, const TraceOptions& options) {
+  auto eager = [&] {
+    at::NoGradGuard no_grad;
+    p.forward(p.inputs);
+  };
+  auto real = [&] { trace(p.state, p.forward, p.inputs, options); };
+  for (int i = 0; i < 3; ++i) {
+    eager();
+    real();
+  }
+  double seconds[2] = {0, 0};
+  long faults[2] = {0, 0};
+  for (int i = 0; i < runs; ++i) {
+    int side = 0;
+    for (const std::function<void()>& fn : {std::function<void()>(eager), std::function<void()>(real)}) {
+      const long f0 = minor_faults();
+      auto t0 = std::chrono::steady_clock::now();
+      fn();
+      seconds[side] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      faults[side++] += minor_faults() - f0;
+    }
+  }
+  const std::string prefix = "alternate/" + p.name + "/";
+  print(prefix + "eager", seconds[0] / runs * 1e3, "ms");
+  print(prefix + "real_trace", seconds[1] / runs * 1e3, "ms");
+  print(prefix + "real_over_eager", seconds[1] / seconds[0], "x");
+  print(prefix + "eager_page_faults_per_run", static_cast<double>(faults[0]) / runs, "faults");
+  print(prefix + "real_page_faults_per_run", static_cast<double>(faults[1]) / runs, "faults");
+}
+
+void loop(const std::string& name, const std::string& duration, const std::string& how,
+          const std::string& more_how) {
   const bool counted = !duration.empty() && duration.back() == 'x';
   const double limit = std::atof(duration.c_str());
   Program p = name == "vit_b32" ? vit_b32() : from_example(name);
   TraceOptions options;
-  options.record_stack_traces = how != "--no-stack-traces";
+  options.record_stack_traces = how != "--no-stack-traces" && more_how != "--no-stack-traces";
+  if (how == "--alternate") {
+    alternate(p, counted ? static_cast<int>(limit) : 20, options);
+    return;
+  }
   auto t0 = std::chrono::steady_clock::now();
   int n = 0;
   auto more = [&] {
@@ -296,11 +335,13 @@ int main(int argc, char** argv) {
   if (which == "models") {
     torchcap::bench::models(argc > 2 ? argv[2] : "");
   } else if (which == "loop" && argc > 2) {
-    torchcap::bench::loop(argv[2], argc > 3 ? argv[3] : "10", argc > 4 ? argv[4] : "");
+    torchcap::bench::loop(argv[2], argc > 3 ? argv[3] : "10", argc > 4 ? argv[4] : "",
+                          argc > 5 ? argv[5] : "");
   } else if (which == "decoder") {
     torchcap::bench::decoder();
   } else {
-    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS|Nx [--no-stack-traces|--eager]]]\n";
+    std::cerr << "usage: meta_bench [models [NAME]|decoder|loop NAME [SECONDS|Nx "
+                 "[--no-stack-traces|--eager|--alternate [--no-stack-traces]]]]\n";
     return 2;
   }
   return 0;
