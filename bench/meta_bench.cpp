@@ -218,10 +218,6 @@ void models(const std::string& only) {
   compare(vit);
 }
 
-// Traces one program over and over for `seconds`, for a profiler
-// (perf record -g build/meta_bench loop mlp200 10).
-// `how`: "" (trace), "--no-stack-traces", or "--eager" (runs the program
-// itself, to compare).
 // Eager runs and traces in turn, one each, `runs` times: mean times and page
 // faults of each side.
 void alternate(Program& p, int runs, const TraceOptions& options) {
@@ -236,14 +232,15 @@ void alternate(Program& p, int runs, const TraceOptions& options) {
   }
   double seconds[2] = {0, 0};
   long faults[2] = {0, 0};
+  const std::function<void()> sides[2] = {eager, real};
   for (int i = 0; i < runs; ++i) {
-    int side = 0;
-    for (const std::function<void()>& fn : {std::function<void()>(eager), std::function<void()>(real)}) {
+    for (int side = 0; side < 2; ++side) {
       const long f0 = minor_faults();
       auto t0 = std::chrono::steady_clock::now();
-      fn();
-      seconds[side] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      faults[side++] += minor_faults() - f0;
+      sides[side]();
+      auto t1 = std::chrono::steady_clock::now();
+      seconds[side] += std::chrono::duration<double>(t1 - t0).count();
+      faults[side] += minor_faults() - f0;
     }
   }
   const std::string prefix = "alternate/" + p.name + "/";
@@ -254,6 +251,12 @@ void alternate(Program& p, int runs, const TraceOptions& options) {
   print(prefix + "real_page_faults_per_run", static_cast<double>(faults[1]) / runs, "faults");
 }
 
+// Traces one program over and over for `seconds`, for a profiler
+// (perf record -g build/meta_bench loop mlp200 10).
+// `how`: "" (trace), "--no-stack-traces", "--eager" (runs the program
+// itself, to compare), or "--alternate" (eager runs and traces in turn, N
+// of each, or 20 when given SECONDS), which `more_how`
+// "--no-stack-traces" may follow.
 void loop(const std::string& name, const std::string& duration, const std::string& how,
           const std::string& more_how) {
   const bool counted = !duration.empty() && duration.back() == 'x';
@@ -334,7 +337,11 @@ int main(int argc, char** argv) {
   std::string which = argc > 1 ? argv[1] : "models";
   if (which == "models") {
     torchcap::bench::models(argc > 2 ? argv[2] : "");
-  } else if (which == "loop" && argc > 2) {
+  } else if (which == "loop" && argc > 2 && argc < 7 &&
+             (argc < 5 || std::strcmp(argv[4], "--no-stack-traces") == 0 ||
+              std::strcmp(argv[4], "--eager") == 0 || std::strcmp(argv[4], "--alternate") == 0) &&
+             (argc < 6 || (std::strcmp(argv[4], "--alternate") == 0 &&
+                           std::strcmp(argv[5], "--no-stack-traces") == 0))) {
     torchcap::bench::loop(argv[2], argc > 3 ? argv[3] : "10", argc > 4 ? argv[4] : "",
                           argc > 5 ? argv[5] : "");
   } else if (which == "decoder") {
