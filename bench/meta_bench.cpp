@@ -15,7 +15,7 @@
 //                        it eagerly, for a profiler: for SECONDS (10), or N
 //                        times ("20x", for instruction counts under
 //                        valgrind); --alternate runs it eagerly and traces
-//                        it in turn, and prints the mean time and page
+//                        it in turn, and prints the median time and page
 //                        faults of each (Note [Page faults in the rounds])
 //
 // Per-node figures: real mode's overhead is (trace - eager) / nodes, as in
@@ -218,37 +218,21 @@ void models(const std::string& only) {
   compare(vit);
 }
 
-// Eager runs and traces in turn, one each, `runs` times: mean times and page
-// faults of each side.
+// Eager runs and traces in turn, one each, `runs` times: median times and
+// mean page faults of each side.
 void alternate(Program& p, int runs, const TraceOptions& options) {
   auto eager = [&] {
     at::NoGradGuard no_grad;
     p.forward(p.inputs);
   };
   auto real = [&] { trace(p.state, p.forward, p.inputs, options); };
-  for (int i = 0; i < 3; ++i) {
-    eager();
-    real();
-  }
-  double seconds[2] = {0, 0};
-  long faults[2] = {0, 0};
-  const std::function<void()> sides[2] = {eager, real};
-  for (int i = 0; i < runs; ++i) {
-    for (int side = 0; side < 2; ++side) {
-      const long f0 = minor_faults();
-      auto t0 = std::chrono::steady_clock::now();
-      sides[side]();
-      auto t1 = std::chrono::steady_clock::now();
-      seconds[side] += std::chrono::duration<double>(t1 - t0).count();
-      faults[side] += minor_faults() - f0;
-    }
-  }
+  const Paired r = paired_seconds(eager, real, runs, /*iters=*/1, /*warmup=*/3);
   const std::string prefix = "alternate/" + p.name + "/";
-  print(prefix + "eager", seconds[0] / runs * 1e3, "ms");
-  print(prefix + "real_trace", seconds[1] / runs * 1e3, "ms");
-  print(prefix + "real_over_eager", seconds[1] / seconds[0], "x");
-  print(prefix + "eager_page_faults_per_run", static_cast<double>(faults[0]) / runs, "faults");
-  print(prefix + "real_page_faults_per_run", static_cast<double>(faults[1]) / runs, "faults");
+  print(prefix + "eager", r.base_wall * 1e3, "ms");
+  print(prefix + "real_trace", r.wall * 1e3, "ms");
+  print(prefix + "real_over_eager", r.wall / r.base_wall, "x");
+  print(prefix + "eager_page_faults_per_run", r.base_faults, "faults");
+  print(prefix + "real_page_faults_per_run", r.faults, "faults");
 }
 
 // Traces one program over and over for `seconds`, for a profiler

@@ -164,7 +164,6 @@ bool Node::has_side_effects() const {
     if (a.alias_info() && a.alias_info()->isWrite()) return true;
   }
   // Hidden writes, when they happen, to the written arguments given.
-  if (detail::hidden_writes(handle_->operator_name()) == nullptr) return false;
   for (const Argument* a : detail::written_arguments(*this)) {
     if (a->is_node()) return true;
   }
