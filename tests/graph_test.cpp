@@ -1,10 +1,12 @@
 // Graph and Node: creation, naming, insertion points, the edge write path,
-// erase, copy, and graphs far longer than any stack.
+// erase, copy, graphs far longer than any stack, and GraphModule attributes.
 #include <torchcap/error.h>
 #include <torchcap/graph.h>
+#include <torchcap/graph_module.h>
 #include <torchcap/printer.h>
 
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/full.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -271,6 +273,67 @@ TEST(Graph, CopyIsDeepAndIdentical) {
   EXPECT_EQ(map.at(mm)->meta().val, mm->meta().val);
   c->erase(c->output_node());
   EXPECT_NE(g.output_node(), nullptr);  // the original is untouched
+}
+
+// A node calling an operator holds no copy of its target: every node calling
+// it, in any graph, reads the one record of the operator's name.
+TEST(Graph, NodesCallingOneOperatorShareItsTarget) {
+  Graph g, h;
+  Node* x = g.placeholder("x");
+  Node* a = g.call_function("aten::add.Tensor", {x, x});
+  Node* b = g.call_function("aten::add.Tensor", {a, x});
+  Node* other = g.call_function("aten::add.Scalar", {b, 1});
+  Node* c = h.call_function("aten::add.Tensor", {h.placeholder("y"), 2});
+  EXPECT_EQ(&a->target(), &b->target());
+  EXPECT_EQ(&a->target(), &c->target());
+  EXPECT_EQ(other->target(), "aten::add.Scalar");
+  EXPECT_NE(&other->target(), &a->target());
+  g.output({other});
+  std::unordered_map<const Node*, Node*> map;
+  std::unique_ptr<Graph> copy = g.copy(&map);
+  EXPECT_EQ(&map.at(b)->target(), &a->target());
+  EXPECT_EQ(map.at(x)->target(), "x");
+  copy->lint();
+}
+
+// The attribute index views the attributes' own names; growing, replacing,
+// cloning and pruning must each leave every name finding its own tensor, short
+// names (kept inside the string) and long ones alike.
+TEST(GraphModule, AttributesStayFoundAsTheyGrow) {
+  GraphModule gm;
+  auto name = [](int i) {
+    return i % 2 == 0 ? "w" + std::to_string(i) : "layer" + std::to_string(i) + ".block.conv.weight";
+  };
+  auto value_of = [&](const GraphModule& m, int i) {
+    return m.attribute(name(i)).value.item<float>();
+  };
+  for (int i = 0; i < 300; ++i) {
+    gm.set_attribute(name(i), at::full({1}, static_cast<float>(i)), AttributeKind::Parameter);
+    for (int j = 0; j <= i; j += 37) ASSERT_EQ(value_of(gm, j), j) << "after adding " << i;
+  }
+  for (int i = 0; i < 300; ++i) ASSERT_EQ(value_of(gm, i), i);
+
+  gm.set_attribute(name(7), at::full({1}, -7.0f), AttributeKind::Buffer);
+  EXPECT_EQ(gm.attributes().size(), 300u);
+  EXPECT_EQ(gm.attributes()[7].name, name(7));
+  EXPECT_EQ(value_of(gm, 7), -7);
+  EXPECT_EQ(gm.attribute(name(7)).kind, AttributeKind::Buffer);
+
+  GraphModule copy = gm.clone();
+  GraphModule moved = std::move(gm);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_EQ(value_of(copy, i), i == 7 ? -7 : i);
+    ASSERT_EQ(value_of(moved, i), i == 7 ? -7 : i);
+  }
+
+  // Keep every third attribute: a get_attr node names it.
+  for (int i = 0; i < 300; i += 3) moved.graph().get_attr(name(i));
+  EXPECT_EQ(moved.remove_unused_attributes(), 200u);
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(moved.has_attribute(name(i)), i % 3 == 0) << name(i);
+  for (int i = 0; i < 300; i += 3) ASSERT_EQ(value_of(moved, i), i);
+  moved.set_attribute("late", at::full({1}, 1000.0f), AttributeKind::Constant);
+  EXPECT_EQ(moved.attribute("late").value.item<float>(), 1000);
+  EXPECT_EQ(value_of(moved, 0), 0);
 }
 
 // Sizes and strides are kept inline up to five dimensions and on the heap

@@ -148,10 +148,17 @@ class GraphModule {
 
  private:
   std::unique_ptr<Graph> graph_;
+  using AttributeIndex = ska::flat_hash_map<std::string_view, size_t>;
+  // An index whose keys view the names in `attributes`: it stays valid when
+  // that vector is moved, not when its elements are.
+  static AttributeIndex index_of(const std::vector<Attribute>& attributes);
+
   std::vector<Attribute> attributes_;
   // Open addressing, as Graph's name table: a trace sets an attribute for
-  // every parameter it meets.
-  ska::flat_hash_map<std::string, size_t> attribute_index_;
+  // every parameter it meets. Keys view the attributes' own names (a copy of
+  // each was a heap block per parameter, kept with the module), so every
+  // change that moves the attributes reindexes.
+  AttributeIndex attribute_index_;
 };
 
 }  // namespace torchcap

@@ -23,6 +23,9 @@
 namespace torchcap {
 
 class Graph;
+namespace detail {
+struct OperatorIdentity;
+}
 
 enum class OpCode : uint8_t { Placeholder, GetAttr, CallFunction, Output };
 
@@ -46,7 +49,7 @@ class Node {
   // placeholder: its name; get_attr: the attribute path ("layer1.0.conv1.weight");
   // call_function: the qualified operator name with overload ("aten::add.Tensor",
   // "aten::addmm") or kGetItem; output: "output".
-  const std::string& target() const { return target_; }
+  const std::string& target() const;
   bool is_getitem() const { return op_ == OpCode::CallFunction && !handle_; }
   // A call_function of an operator (not getitem).
   bool is_operator() const { return handle_.has_value(); }
@@ -104,11 +107,13 @@ class Node {
   Graph* graph_;
   OpCode op_;
   std::string name_;
+  // The target of nodes that do not call an operator; empty for those that do.
   std::string target_;
   std::optional<c10::OperatorHandle> handle_;
-  // Kept beside the handle: if the operator is deregistered, the handle dangles
-  // but lint can still look the name up and report it.
-  c10::OperatorName op_name_{"", ""};
+  // For operator nodes, the operator's name and target, shared by every node
+  // that calls it. Kept beside the handle: if the operator is deregistered,
+  // the handle dangles but lint can still look the name up and report it.
+  const detail::OperatorIdentity* operator_ = nullptr;
   ArgumentList args_;
   Kwargs kwargs_;
   Inputs inputs_;

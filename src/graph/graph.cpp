@@ -309,9 +309,10 @@ Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwar
 
 Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs,
                            const std::string& name) {
-  const c10::OperatorName& op_name = op.operator_name();
-  return create(OpCode::CallFunction, name.empty() ? detail::operator_stem(op_name) : name,
-                detail::qualified_name(op_name), op, std::move(args), std::move(kwargs));
+  // The node finds the operator's target itself (Node::operator_).
+  const std::string& hint =
+      name.empty() ? detail::operator_identity(op.operator_name()).stem : name;
+  return create(OpCode::CallFunction, hint, std::string(), op, std::move(args), std::move(kwargs));
 }
 
 Node* Graph::getitem(Node* value, int64_t index, const std::string& name) {
@@ -336,7 +337,7 @@ Node* Graph::copy_node(const Node& n, const std::function<Node*(Node*)>& map_arg
   if (n.op() == OpCode::Output && output_node() != nullptr) {
     throw Error("copy_node: the graph already has an output node");
   }
-  Node* copy = create(n.op(), n.name(), n.target(), n.handle_, std::move(args), std::move(kwargs));
+  Node* copy = create(n.op(), n.name(), n.target_, n.handle_, std::move(args), std::move(kwargs));
   copy->meta_ = n.meta_;
   return copy;
 }

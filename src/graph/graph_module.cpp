@@ -49,18 +49,36 @@ void GraphModule::set_graph(std::unique_ptr<Graph> g) {
 
 void GraphModule::set_attribute(const std::string& name, at::Tensor value, AttributeKind kind) {
   if (name.empty()) throw Error("set_attribute: the attribute name is empty");
-  // One lookup: a tracer sets an attribute per parameter it meets.
-  auto [it, added] = attribute_index_.emplace(name, attributes_.size());
-  if (!added) {
-    attributes_[it->second] = Attribute{name, std::move(value), kind};
+  auto it = attribute_index_.find(name);
+  if (it != attribute_index_.end()) {
+    // The name stays, and with it the key that views it.
+    Attribute& a = attributes_[it->second];
+    a.value = std::move(value);
+    a.kind = kind;
     return;
   }
-  try {
-    attributes_.push_back(Attribute{name, std::move(value), kind});
-  } catch (...) {
-    attribute_index_.erase(it);
-    throw;
+  if (attributes_.size() == attributes_.capacity()) {
+    // Grow with room to spare, moving the attributes and re-pointing the keys
+    // at their new places; nothing below allocates after the reservations.
+    std::vector<Attribute> grown;
+    grown.reserve(2 * attributes_.size() + 8);
+    AttributeIndex index;
+    index.reserve(grown.capacity());
+    for (Attribute& a : attributes_) grown.push_back(std::move(a));
+    for (size_t i = 0; i < grown.size(); ++i) index.emplace(grown[i].name, i);
+    attributes_ = std::move(grown);  // the elements stay where the keys view them
+    attribute_index_ = std::move(index);
   }
+  attribute_index_.reserve(attributes_.size() + 1);
+  attributes_.push_back(Attribute{name, std::move(value), kind});
+  attribute_index_.emplace(attributes_.back().name, attributes_.size() - 1);
+}
+
+GraphModule::AttributeIndex GraphModule::index_of(const std::vector<Attribute>& attributes) {
+  AttributeIndex index;
+  index.reserve(attributes.size());
+  for (size_t i = 0; i < attributes.size(); ++i) index.emplace(attributes[i].name, i);
+  return index;
 }
 
 bool GraphModule::has_attribute(const std::string& name) const {
@@ -83,9 +101,9 @@ size_t GraphModule::remove_unused_attributes() {
     if (used.count(a.name)) kept.push_back(std::move(a));
   }
   size_t removed = attributes_.size() - kept.size();
+  AttributeIndex index = index_of(kept);
   attributes_ = std::move(kept);
-  attribute_index_.clear();
-  for (size_t i = 0; i < attributes_.size(); ++i) attribute_index_.emplace(attributes_[i].name, i);
+  attribute_index_ = std::move(index);
   return removed;
 }
 
@@ -326,7 +344,7 @@ void GraphModule::lint() const {
 GraphModule GraphModule::clone() const {
   GraphModule gm(graph_->copy());
   gm.attributes_ = attributes_;
-  gm.attribute_index_ = attribute_index_;
+  gm.attribute_index_ = index_of(gm.attributes_);
   gm.in_spec = in_spec;
   gm.out_spec = out_spec;
   gm.output_specs = output_specs;

@@ -3,6 +3,7 @@
 #include <torchcap/error.h>
 #include <torchcap/graph.h>
 
+#include "graph/operator_name.h"
 #include "graph/schema_check.h"
 
 #include <algorithm>
@@ -100,7 +101,7 @@ void Graph::lint() const {
   const Node* output = nullptr;
   // The last operator looked up, and what it was found as: most nodes call
   // the operator one of the nodes before them called.
-  const c10::OperatorName* last_operator = nullptr;
+  const detail::OperatorIdentity* last_operator = nullptr;
   c10::optional<c10::OperatorHandle> last_handle;
   std::vector<Node*> referenced;
   std::unordered_set<const Node*> seen;  // used once `referenced` is long
@@ -179,9 +180,9 @@ void Graph::lint() const {
         }
         // The handle was resolved when the node was made; the operator may have
         // been deregistered since (a custom op library unloaded), so look again.
-        if (last_operator == nullptr || !(*last_operator == n->op_name_)) {
-          last_operator = &n->op_name_;
-          last_handle = c10::Dispatcher::singleton().findSchema(n->op_name_);
+        if (last_operator != n->operator_) {
+          last_operator = n->operator_;
+          last_handle = c10::Dispatcher::singleton().findSchema(n->operator_->name);
         }
         const c10::optional<c10::OperatorHandle>& handle = last_handle;
         if (!handle) {

@@ -3,6 +3,7 @@
 #include <torchcap/printer.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/operator_name.h"
 
 #include <c10/util/Exception.h>
 
@@ -32,12 +33,16 @@ Node::Node(Graph* graph, OpCode op, std::string name, std::string target,
       name_(std::move(name)),
       target_(std::move(target)),
       handle_(std::move(handle)) {
-  if (handle_) op_name_ = handle_->operator_name();
+  if (handle_) operator_ = &detail::operator_identity(handle_->operator_name());
+}
+
+const std::string& Node::target() const {
+  return operator_ != nullptr ? operator_->qualified : target_;
 }
 
 const c10::OperatorHandle& Node::op_handle() const {
   if (!handle_) {
-    throw Error("node %" + name_ + " (" + opcode_name(op_) + " " + target_ +
+    throw Error("node %" + name_ + " (" + opcode_name(op_) + " " + target() +
                 ") does not call an operator");
   }
   return *handle_;

@@ -2,6 +2,10 @@
 
 #include <torchcap/error.h>
 
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 namespace torchcap {
 namespace detail {
 
@@ -19,6 +23,22 @@ c10::OperatorName parse_operator_name(const std::string& qualified) {
 
 std::string qualified_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+const OperatorIdentity& operator_identity(const c10::OperatorName& name) {
+  // Bounded by the operators a process calls, a few thousand at most, so
+  // records are never dropped; a deregistered operator's record stays
+  // for the nodes that still name it.
+  static std::mutex mutex;
+  static std::unordered_map<c10::OperatorName, std::unique_ptr<const OperatorIdentity>> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = known.find(name);
+  if (it == known.end()) {
+    auto made = std::make_unique<const OperatorIdentity>(
+        OperatorIdentity{name, qualified_name(name), operator_stem(name)});
+    it = known.emplace(name, std::move(made)).first;
+  }
+  return *it->second;
 }
 
 std::string operator_namespace(const c10::OperatorName& name) {
