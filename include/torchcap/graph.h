@@ -141,8 +141,11 @@ class Graph {
  private:
   friend struct GraphTestPeer;  // tests corrupt graphs to exercise lint
   friend class Node;
+  // Operator nodes pass the handle and the operator's identity and no
+  // target; other nodes a target only.
   Node* create(OpCode op, const std::string& name_hint, std::string target,
-               std::optional<c10::OperatorHandle> handle, ArgumentList args, Kwargs kwargs);
+               std::optional<c10::OperatorHandle> handle,
+               const detail::OperatorIdentity* identity, ArgumentList args, Kwargs kwargs);
   void link(Node* n);
   void unlink(Node* n);
   // Gives `n` (named after its hint) a free name and enters it in by_name_.

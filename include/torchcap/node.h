@@ -94,8 +94,10 @@ class Node {
  private:
   friend struct GraphTestPeer;  // tests corrupt graphs to exercise lint
   friend class Graph;
+  // `identity` is the operator's (detail::operator_identity) when `handle` is
+  // set, else null; `target` is then empty.
   Node(Graph* graph, OpCode op, std::string name, std::string target,
-       std::optional<c10::OperatorHandle> handle);
+       std::optional<c10::OperatorHandle> handle, const detail::OperatorIdentity* identity);
   // Inline up to a few: most nodes read one to three values and are read by
   // one or two, and a trace or a load makes thousands of nodes.
   using Inputs = c10::SmallVector<Node*, 3>;

@@ -151,7 +151,7 @@ void destroy_node(Node* n) {
 // destroy_node (Note [Node memory]).
 Graph::Graph() {
   void* p = NodeCache::get().allocate();
-  root_ = new (p) Node(this, OpCode::Output, "", "", std::nullopt);
+  root_ = new (p) Node(this, OpCode::Output, "", "", std::nullopt, nullptr);
   root_->prev_ = root_;
   root_->next_ = root_;
 }
@@ -262,14 +262,14 @@ void Graph::unlink(Node* n) {
 }
 
 Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
-                    std::optional<c10::OperatorHandle> handle, ArgumentList args,
-                    Kwargs kwargs) {
+                    std::optional<c10::OperatorHandle> handle,
+                    const detail::OperatorIdentity* identity, ArgumentList args, Kwargs kwargs) {
   // Hints are mostly identifiers already (operator stems): no copy to check.
   std::string name = is_identifier(name_hint) ? name_hint : sanitize(name_hint);
   void* p = NodeCache::get().allocate();
   Node* n;
   try {
-    n = new (p) Node(this, op, std::move(name), std::move(target), std::move(handle));
+    n = new (p) Node(this, op, std::move(name), std::move(target), std::move(handle), identity);
   } catch (...) {
     NodeCache::get().release(p);
     throw;
@@ -292,12 +292,13 @@ Node* Graph::create(OpCode op, const std::string& name_hint, std::string target,
 }
 
 Node* Graph::placeholder(const std::string& target, const std::string& name) {
-  return create(OpCode::Placeholder, name.empty() ? target : name, target, std::nullopt, {}, {});
+  return create(OpCode::Placeholder, name.empty() ? target : name, target, std::nullopt, nullptr,
+                {}, {});
 }
 
 Node* Graph::get_attr(const std::string& path, const std::string& name) {
   if (path.empty()) throw Error("get_attr: the attribute path is empty");
-  return create(OpCode::GetAttr, name.empty() ? path : name, path, std::nullopt, {}, {});
+  return create(OpCode::GetAttr, name.empty() ? path : name, path, std::nullopt, nullptr, {}, {});
 }
 
 Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwargs,
@@ -309,22 +310,22 @@ Node* Graph::call_function(const std::string& op, ArgumentList args, Kwargs kwar
 
 Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs,
                            const std::string& name) {
-  // The node finds the operator's target itself (Node::operator_).
-  const std::string& hint =
-      name.empty() ? detail::operator_identity(op.operator_name()).stem : name;
-  return create(OpCode::CallFunction, hint, std::string(), op, std::move(args), std::move(kwargs));
+  // The node's target is the identity's: no string of its own.
+  const detail::OperatorIdentity& identity = detail::operator_identity(op.operator_name());
+  return create(OpCode::CallFunction, name.empty() ? identity.stem : name, std::string(), op,
+                &identity, std::move(args), std::move(kwargs));
 }
 
 Node* Graph::getitem(Node* value, int64_t index, const std::string& name) {
   return create(OpCode::CallFunction, name.empty() ? std::string(kGetItem) : name, kGetItem,
-                std::nullopt, {value, index}, {});
+                std::nullopt, nullptr, {value, index}, {});
 }
 
 Node* Graph::output(ArgumentList results) {
   if (output_node() != nullptr) throw Error("output: the graph already has an output node");
   InsertPointGuard at_end(*this, InsertPoint::at_end());
-  return create(OpCode::Output, "output", "output", std::nullopt, {Argument(std::move(results))},
-                {});
+  return create(OpCode::Output, "output", "output", std::nullopt, nullptr,
+                {Argument(std::move(results))}, {});
 }
 
 Node* Graph::copy_node(const Node& n, const std::function<Node*(Node*)>& map_arg) {
@@ -337,7 +338,8 @@ Node* Graph::copy_node(const Node& n, const std::function<Node*(Node*)>& map_arg
   if (n.op() == OpCode::Output && output_node() != nullptr) {
     throw Error("copy_node: the graph already has an output node");
   }
-  Node* copy = create(n.op(), n.name(), n.target_, n.handle_, std::move(args), std::move(kwargs));
+  Node* copy = create(n.op(), n.name(), n.target_, n.handle_, n.operator_, std::move(args),
+                      std::move(kwargs));
   copy->meta_ = n.meta_;
   return copy;
 }

@@ -27,13 +27,15 @@ const char* opcode_name(OpCode op) {
 }
 
 Node::Node(Graph* graph, OpCode op, std::string name, std::string target,
-           std::optional<c10::OperatorHandle> handle)
+           std::optional<c10::OperatorHandle> handle, const detail::OperatorIdentity* identity)
     : graph_(graph),
       op_(op),
       name_(std::move(name)),
       target_(std::move(target)),
-      handle_(std::move(handle)) {
-  if (handle_) operator_ = &detail::operator_identity(handle_->operator_name());
+      handle_(std::move(handle)),
+      operator_(identity) {
+  TORCH_INTERNAL_ASSERT(handle_.has_value() == (operator_ != nullptr) &&
+                        (operator_ == nullptr || target_.empty()));
 }
 
 const std::string& Node::target() const {

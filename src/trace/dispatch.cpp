@@ -160,8 +160,7 @@ int aliased_argument_of(const c10::FunctionSchema& schema, const c10::Argument& 
 // The table is the calling thread's and is emptied when another trace starts
 // (operator registrations may change between traces, never during one).
 struct OperatorFacts {
-  std::string target;      // "aten::addmm"
-  std::string name_hint;   // the node's name stem, "addmm"
+  const OperatorIdentity* identity = nullptr;  // target "aten::addmm", stem "addmm"
   bool returns_data = false;
   bool is_equal = false;   // aten::equal (Note [Data-dependent values])
   bool reshape_alias = false;
@@ -178,8 +177,7 @@ struct OperatorFacts {
 OperatorFacts derive_facts(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
   OperatorFacts f;
-  f.target = qualified_name(schema.operator_name());
-  f.name_hint = operator_stem(schema.operator_name());
+  f.identity = &operator_identity(schema.operator_name());
   f.returns_data = returns_data(op);
   f.is_equal = schema.name() == "aten::equal";
   f.reshape_alias = schema.name() == "aten::_reshape_alias" && schema.overload_name().empty();
@@ -257,7 +255,7 @@ Node* record_node(Graph& g, const c10::OperatorHandle& op, const OperatorFacts& 
     args.resize(2);
     return g.call_function(view, std::move(args));
   }
-  return g.call_function(op, std::move(args), std::move(kwargs), facts.name_hint);
+  return g.call_function(op, std::move(args), std::move(kwargs));
 }
 
 // Note [Attributes written during a trace]
@@ -666,7 +664,8 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
 void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OperatorFacts& facts = facts_of(st, op);
-  OpCall c{op, schema, facts, facts.target, stack, stack->size() - schema.arguments().size()};
+  OpCall c{op, schema, facts, facts.identity->qualified, stack,
+           stack->size() - schema.arguments().size()};
   if (check_data_dependence(st, c) && st.meta()) {
     // at::equal(x, x): true, which a meta kernel cannot say.
     c.stack->erase(c.stack->begin() + static_cast<std::ptrdiff_t>(c.base), c.stack->end());
