@@ -28,9 +28,12 @@ std::string qualified_name(const c10::OperatorName& name) {
 const OperatorIdentity& operator_identity(const c10::OperatorName& name) {
   // Bounded by the operators a process calls, a few thousand at most, so
   // records are never dropped; a deregistered operator's record stays
-  // for the nodes that still name it.
-  static std::mutex mutex;
-  static std::unordered_map<c10::OperatorName, std::unique_ptr<const OperatorIdentity>> known;
+  // for the nodes that still name it. Never destroyed either: graphs that
+  // outlive static destruction (a Python interpreter finalizing at exit)
+  // still read their targets.
+  static std::mutex& mutex = *new std::mutex;
+  static auto& known =
+      *new std::unordered_map<c10::OperatorName, std::unique_ptr<const OperatorIdentity>>;
   std::lock_guard<std::mutex> lock(mutex);
   auto it = known.find(name);
   if (it == known.end()) {
