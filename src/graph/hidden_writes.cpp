@@ -1,11 +1,9 @@
 #include "graph/hidden_writes.h"
 
-#include "graph/operator_name.h"
 #include "kernels/functional.h"
 
 #include <ATen/core/jit_type.h>
 
-#include <string>
 #include <unordered_map>
 
 namespace torchcap {
@@ -24,16 +22,18 @@ const HiddenWrites* hidden_writes(const c10::OperatorName& op) {
   // the running stats are arguments 3 and 4, `training` is argument 5.
   static const HiddenWrites kNativeBatchNorm{{3, 4}, 5, &functional_native_batch_norm};
   static const HiddenWrites kBatchNorm{{3, 4}, 5, nullptr};
-  static const std::unordered_map<std::string, const HiddenWrites*> kTable = {
-      {"aten::native_batch_norm", &kNativeBatchNorm},
-      {"aten::native_batch_norm.out", &kBatchNorm},
-      {"aten::batch_norm", &kBatchNorm},
-      {"aten::_batch_norm_impl_index", &kBatchNorm},
-      {"aten::cudnn_batch_norm", &kBatchNorm},
-      {"aten::miopen_batch_norm", &kBatchNorm},
-      {"aten::instance_norm", &kBatchNorm},
+  // By name and overload, so that a lookup (one per node that dead-code
+  // elimination or save looks at) builds no string.
+  static const std::unordered_map<c10::OperatorName, const HiddenWrites*> kTable = {
+      {{"aten::native_batch_norm", ""}, &kNativeBatchNorm},
+      {{"aten::native_batch_norm", "out"}, &kBatchNorm},
+      {{"aten::batch_norm", ""}, &kBatchNorm},
+      {{"aten::_batch_norm_impl_index", ""}, &kBatchNorm},
+      {{"aten::cudnn_batch_norm", ""}, &kBatchNorm},
+      {{"aten::miopen_batch_norm", ""}, &kBatchNorm},
+      {{"aten::instance_norm", ""}, &kBatchNorm},
   };
-  auto it = kTable.find(qualified_name(op));
+  auto it = kTable.find(op);
   return it == kTable.end() ? nullptr : it->second;
 }
 

@@ -3,6 +3,7 @@
 #include <torchcap/memory_plan.h>
 
 #include "graph/ivalue_conversion.h"
+#include "graph/operator_name.h"
 #include "graph/schema_check.h"
 #include "passes/memory_plan_offsets.h"
 #include "passes/out_variants.h"
@@ -116,10 +117,6 @@ std::optional<OutForm> out_form(const c10::OperatorHandle& functional) {
 // --- Buffers and lifetimes ----------------------------------------------------
 
 namespace {
-
-std::string qualified_name(const c10::FunctionSchema& s) {
-  return s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name();
-}
 
 int64_t span_bytes(const TensorMeta& m) {
   int64_t extent = 1;
@@ -316,14 +313,14 @@ class BufferAnalysis {
 OperatorPlan operator_plan(const Node& n, bool all_results_planned) {
   OperatorPlan op;
   op.node = n.name();
-  op.target = qualified_name(n.schema());
+  op.target = n.target();
   std::optional<detail::OutForm> form = detail::out_form(n.op_handle());
   if (!form) {
     op.fallback = "no out variant";
     return op;
   }
   const c10::OperatorHandle* out = &form->op;
-  std::string name = qualified_name(out->schema());
+  std::string name = detail::qualified_name(out->operator_name());
   // Note [Out variants that write in place]
   // An out variant with a CPU kernel of its own computes into the buffer it
   // is given. Many in LibTorch 1.13 are composites instead, generated for
