@@ -15,6 +15,7 @@
 #endif
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <optional>
 
@@ -66,10 +67,13 @@ struct PythonSource::Cache {
   py::object getline;  // linecache.getline
   // Code objects seen, kept alive so that their addresses stay unique keys.
   std::vector<py::object> codes;
-  std::unordered_map<const void*, CodeInfo> codes_info;
+  ska::flat_hash_map<const void*, CodeInfo> codes_info;
   std::unordered_map<FrameKey, SourceFrame, FrameKeyHash> frames;
   std::unordered_map<std::vector<FrameKey>, StackTrace, StackKeyHash> stacks;
+  // Note [Module stacks cached across traces].
+  std::unordered_map<std::vector<PyObject*>, CachedModuleStack, ModulesHash> module_stacks;
   int users = 0;  // PythonSources using it
+  uint64_t traces = 0;  // PythonSources made with it: each one's serial
 };
 
 PythonSource::PythonSource(std::vector<std::string> internal_dirs, py::object boundary)
@@ -79,11 +83,12 @@ PythonSource::PythonSource(std::vector<std::string> internal_dirs, py::object bo
   static auto* shared = new std::shared_ptr<Cache>();
   std::shared_ptr<Cache>& c = *shared;
   if (!c || c->internal_dirs != internal_dirs ||
-      (c->users == 0 && c->stacks.size() >= kMaxCachedStacks)) {
+      (c->users == 0 && std::max(c->stacks.size(), c->module_stacks.size()) >= kMaxCachedStacks)) {
     c = std::make_shared<Cache>(std::move(internal_dirs));
   }
   cache_ = c;
   ++cache_->users;
+  serial_ = ++cache_->traces;
 }
 
 PythonSource::~PythonSource() {
@@ -100,7 +105,7 @@ PythonSource* PythonSource::current() { return tls_source; }
 PythonSource::Scope::Scope(PythonSource* source) : previous_(tls_source) { tls_source = source; }
 PythonSource::Scope::~Scope() { tls_source = previous_; }
 
-const PythonSource::CodeInfo& PythonSource::code_info(PyObject* code) {
+PythonSource::CodeInfo PythonSource::code_info(PyObject* code) {
   auto it = cache_->codes_info.find(code);
   if (it != cache_->codes_info.end()) return it->second;
   std::string file = str_attr(code, "co_filename");
@@ -111,7 +116,8 @@ const PythonSource::CodeInfo& PythonSource::code_info(PyObject* code) {
   info.forward = str_attr(code, "co_name") == "forward" &&
                  reinterpret_cast<PyCodeObject*>(code)->co_argcount > 0;
   cache_->codes.push_back(py::reinterpret_borrow<py::object>(code));
-  return cache_->codes_info.emplace(code, info).first->second;
+  cache_->codes_info.emplace(code, info);
+  return info;
 }
 
 #ifndef TORCHCAP_FRAME_INTERNALS
@@ -121,29 +127,56 @@ PyObject* PythonSource::self_of(PyObject* frame) {
 }
 #endif
 
-ModuleFrame PythonSource::module_frame(size_t index) const {
+PythonSource::ModuleText PythonSource::module_text(const std::vector<PyObject*>& modules,
+                                                   size_t i) const {
+  // The root, when given, is first (locate puts it there).
+  size_t index = i == 0 && root_ ? *root_ : module_index_.at(modules[i]);
   PyObject* entry = PyList_GET_ITEM(modules_.ptr(), index);
-  return ModuleFrame{PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 1)),
-                     PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 2))};
+  return ModuleText{PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 1)),
+                    PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 2))};
+}
+
+bool PythonSource::describes(const ModuleStack& stack, const std::vector<PyObject*>& modules) const {
+  const std::vector<ModuleFrame>& frames = stack.frames();
+  if (frames.size() != modules.size()) return false;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    ModuleText now = module_text(modules, i);
+    if (frames[i].path != now.path || frames[i].type != now.type) return false;
+  }
+  return true;
 }
 
 const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& modules) {
-  auto it = module_stacks_.find(modules);
-  if (it != module_stacks_.end()) return it->second;
+  static const ModuleStack empty;
+  if (modules.empty()) return empty;
+  auto it = cache_->module_stacks.find(modules);
+  if (it != cache_->module_stacks.end()) {
+    CachedModuleStack& cached = it->second;
+    if (cached.checked_by == serial_ || describes(cached.stack, modules)) {
+      cached.checked_by = serial_;
+      return cached.stack;
+    }
+  }
   std::vector<ModuleFrame> frames;
-  frames.reserve(modules.size() + 1);
-  if (root_) frames.push_back(module_frame(*root_));
-  for (PyObject* m : modules) frames.push_back(module_frame(module_index_.at(m)));
-  ModuleStack stack = frames.empty() ? ModuleStack() : ModuleStack(std::move(frames));
-  return module_stacks_.emplace(modules, std::move(stack)).first->second;
+  frames.reserve(modules.size());
+  for (size_t i = 0; i < modules.size(); ++i) {
+    ModuleText text = module_text(modules, i);
+    frames.push_back(ModuleFrame{text.path, text.type});
+  }
+  CachedModuleStack fresh{ModuleStack(std::move(frames)), serial_};
+  if (it != cache_->module_stacks.end()) {
+    it->second = std::move(fresh);
+    return it->second.stack;
+  }
+  return cache_->module_stacks.emplace(modules, std::move(fresh)).first->second.stack;
 }
 
-template <typename Line>
-void PythonSource::note_frame(PyObject* code, FrameKey key, Line line) {
+void PythonSource::note_frame(FrameKey key) {
   if (cache_->frames.count(key) != 0) return;
+  PyObject* code = const_cast<PyObject*>(static_cast<const PyObject*>(key.code));
   SourceFrame f;
   f.file = str_attr(code, "co_filename");
-  f.line = line();
+  f.line = PyCode_Addr2Line(reinterpret_cast<PyCodeObject*>(code), key.lasti);
   f.function = str_attr(code, "co_name");
   // linecache runs Python, during which another thread may trace and fill
   // the cache; emplace keeps what is there.
@@ -171,13 +204,11 @@ void PythonSource::locate(NodeMeta& meta) {
     if (_PyFrame_IsIncomplete(frame)) continue;  // as PyFrame_GetBack skips them
     PyCodeObject* code = frame->f_code;
     PyObject* c = reinterpret_cast<PyObject*>(code);
-    const CodeInfo& info = code_info(c);
+    const CodeInfo info = code_info(c);
     if (info.forward) note_module(frame->localsplus[0]);
     if (!info.internal) {
-      int lasti = _PyInterpreterFrame_LASTI(frame) * static_cast<int>(sizeof(_Py_CODEUNIT));
-      FrameKey key{c, lasti};
-      note_frame(c, key, [&] { return PyCode_Addr2Line(code, lasti); });
-      scratch_.push_back(key);
+      scratch_.push_back(
+          FrameKey{c, _PyInterpreterFrame_LASTI(frame) * static_cast<int>(sizeof(_Py_CODEUNIT))});
     }
   }
 #else
@@ -186,12 +217,10 @@ void PythonSource::locate(NodeMeta& meta) {
          scratch_.size() < kMaxFrames) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     PyObject* c = reinterpret_cast<PyObject*>(code);
-    const CodeInfo& info = code_info(c);
+    const CodeInfo info = code_info(c);
     if (info.forward) note_module(self_of(reinterpret_cast<PyObject*>(frame)));
     if (!info.internal) {
-      FrameKey key{c, PyFrame_GetLasti(frame)};
-      note_frame(c, key, [&] { return PyFrame_GetLineNumber(frame); });
-      scratch_.push_back(key);
+      scratch_.push_back(FrameKey{c, PyFrame_GetLasti(frame)});
     }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);
@@ -200,11 +229,15 @@ void PythonSource::locate(NodeMeta& meta) {
   }
   Py_XDECREF(frame);
 #endif
+  if (root_) module_scratch_.push_back(root_object_);
   std::reverse(module_scratch_.begin(), module_scratch_.end());  // outermost first
   meta.module_stack = module_stack_of(module_scratch_);
   if (scratch_.empty()) return;
   auto it = cache_->stacks.find(scratch_);
   if (it == cache_->stacks.end()) {
+    // A stack not seen before: its frames are made now, those not seen before
+    // either. The code objects are alive: their frames are running.
+    for (const FrameKey& k : scratch_) note_frame(k);
     std::vector<SourceFrame> frames;  // innermost first, as scratch_
     frames.reserve(scratch_.size());
     for (const FrameKey& k : scratch_) frames.push_back(cache_->frames.at(k));
@@ -227,6 +260,7 @@ void PythonSource::set_modules(py::list given) {
   auto modules = py::reinterpret_steal<py::list>(PySequence_List(given.ptr()));
   if (!modules) throw py::error_already_set();
   const Py_ssize_t n = PyList_GET_SIZE(modules.ptr());
+  module_index_.reserve(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* entry = PyList_GET_ITEM(modules.ptr(), i);
     if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3 ||
@@ -241,6 +275,7 @@ void PythonSource::set_modules(py::list given) {
     }
     if (PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(entry, 1)) == 0) {
       root_ = i;
+      root_object_ = PyTuple_GET_ITEM(entry, 0);
     } else {
       module_index_.emplace(PyTuple_GET_ITEM(entry, 0), i);
     }

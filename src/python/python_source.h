@@ -27,12 +27,23 @@
 // ones, make every module call take nn.Module's slow path and call into
 // torchcap twice, which cost more than recording the module's operators.
 // Module stacks are cached by the modules on them, so nodes share them.
+//
+// Note [Module stacks cached across traces]
+// A module stack is kept in the shared cache, keyed by the addresses of its
+// modules, so that tracing a model again makes none. An address is only a
+// key: a module freed since may have left it to another, and a module may
+// have been renamed, so the first use of an entry in a trace compares its
+// paths and classes with those this trace was given (a string comparison per
+// module, no allocation) and remakes it if they differ. Later uses in the
+// same trace trust it.
 #pragma once
 
 #include <torchcap/meta.h>
 
+#include <c10/util/flat_hash_map.h>
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,20 +108,32 @@ class PythonSource {
   struct ModulesHash {
     size_t operator()(const std::vector<PyObject*>& k) const;
   };
+  struct CachedModuleStack {
+    ModuleStack stack;
+    uint64_t checked_by = 0;  // the serial of the last trace it was checked for
+  };
   // Note [Frames cached across traces].
   struct Cache;
 
-  const CodeInfo& code_info(PyObject* code);
-  // The frame at `key`, made on first sight (`line()` gives its line).
-  template <typename Line>
-  void note_frame(PyObject* code, FrameKey key, Line line);
+  CodeInfo code_info(PyObject* code);
+  // The frame at `key`, made on first sight. Its code object is alive.
+  void note_frame(FrameKey key);
   // Adds `self`, the first argument of a running forward, to the module
   // stack if it is one of the traced modules.
   void note_module(PyObject* self);
   // The `self` local of a frame object, or nullptr.
   static PyObject* self_of(PyObject* frame);
+  // The module stack of `modules` (outermost first, the root first when
+  // there is one), from the cache when it has it.
   const ModuleStack& module_stack_of(const std::vector<PyObject*>& modules);
-  ModuleFrame module_frame(size_t index) const;
+  // The path and class of modules[i], as set_modules was given them.
+  struct ModuleText {
+    const char* path;
+    const char* type;
+  };
+  ModuleText module_text(const std::vector<PyObject*>& modules, size_t i) const;
+  // Whether `stack` names what `modules` are in this trace.
+  bool describes(const ModuleStack& stack, const std::vector<PyObject*>& modules) const;
 
   std::shared_ptr<Cache> cache_;
   py::object boundary_;
@@ -119,11 +142,11 @@ class PythonSource {
   // set_modules' list, which keeps its modules alive, and each module's
   // index in it (the root not included).
   py::list modules_;
-  std::unordered_map<PyObject*, size_t> module_index_;
+  ska::flat_hash_map<PyObject*, size_t> module_index_;
   std::optional<size_t> root_;
-  // Module stacks by their modules, outermost first (the root not included).
-  std::unordered_map<std::vector<PyObject*>, ModuleStack, ModulesHash> module_stacks_;
+  PyObject* root_object_ = nullptr;
   std::vector<PyObject*> module_scratch_;
+  uint64_t serial_ = 0;  // this trace's, in the cache
 };
 
 }  // namespace torchcap::python

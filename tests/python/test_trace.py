@@ -357,6 +357,31 @@ def test_stack_traces_the_same_when_traced_again():
     assert "return torch.tanh(y)" in tanh[0]
 
 
+def test_module_stacks_follow_renamed_and_reclassed_modules():
+    # Note [Module stacks cached across traces]: the same module objects, now
+    # under another name or of another class, are on the next trace's stacks
+    # as they are then.
+    m = nn.Sequential(Block(), nn.ReLU())
+    x = torch.randn(1, 3, 8, 8)
+
+    def tanh_stack():
+        gm = torchcap.trace(m, (x,))
+        return next(n for n in gm.graph.nodes
+                    if n.target == torch.ops.aten.tanh.default).meta["nn_module_stack"]
+
+    assert list(tanh_stack()) == ["", "0"]
+    m._modules["body"] = m._modules.pop("0")
+    m._modules.move_to_end("body", last=False)
+    assert tanh_stack() == {"": ("", "torch.nn.modules.container.Sequential"),
+                            "body": ("body", f"{__name__}.Block")}
+
+    class Renamed(Block):
+        pass
+
+    m.body.__class__ = Renamed
+    assert tanh_stack()["body"] == ("body", f"{__name__}.{Renamed.__qualname__}")
+
+
 def test_module_list_of_other_types_is_refused():
     m = nn.Linear(2, 2)
     args = (m, [], [], (torch.randn(1, 2),), {}, False, False, None, False, False, True,
