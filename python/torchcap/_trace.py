@@ -75,17 +75,6 @@ def _require_C():
 # [Module stacks from frames] in src/python/python_source.h): it is given the
 # traced module's submodules and needs no hooks.
 
-def _module_names(root):
-    """(module, qualified path, class) of root and its submodules.
-
-    The root comes first, with the path "": every node's nn_module_stack starts
-    with it, as torch.export records the root module ({"": ("", "pkg.Model"),
-    "layer1": ("layer1", ...), ...}), whether f is the module or a bound method
-    of it.
-    """
-    return [] if root is None else _module_contents(root, True)[2]
-
-
 def _class_name(cls, names={}):  # noqa: B006 -- a cache, per class
     name = names.get(cls)
     if name is None:
@@ -107,39 +96,28 @@ def _walks_as_module(cls, plain={torch.nn.Module: True}):  # noqa: B006 -- a cac
 
 def _module_contents(root, with_modules):
     """(named_parameters(), named_buffers(), and if with_modules the
-    _module_names() entries) of root, in one walk over its modules.
+    (module, qualified path, class) of root and its submodules) of root, in
+    one walk over its modules.
 
-    The module tree is walked once, as named_modules() walks it (depth first,
-    each module once), collecting each module's parameters and buffers as
+    The root comes first, with the path "": every node's nn_module_stack starts
+    with it, as torch.export records the root module ({"": ("", "pkg.Model"),
+    "layer1": ("layer1", ...), ...}), whether f is the module or a bound method
+    of it.
+
+    The module tree is walked once, in C++ (Note [Walking a module in C++] in
+    src/python/module.cpp), as named_modules() walks it (depth first, each
+    module once), collecting each module's parameters and buffers as
     named_parameters() and named_buffers() do (each tensor once, under its
-    first name, None skipped); three walks with nested generators cost about
-    1 us per module. A module whose class lists them its own way is asked
-    through its methods.
+    first name, None skipped). A module whose class lists them its own way is
+    asked through its methods.
     """
-    parameters, buffers, modules = [], [], []
-    seen_modules, seen_parameters, seen_buffers = set(), set(), set()
-    stack = [("", root)]
-    while stack:
-        path, m = stack.pop()
-        if id(m) in seen_modules:
-            continue
-        if not _walks_as_module(type(m)):
-            return (list(root.named_parameters()), list(root.named_buffers()),
-                    [(m, name, _class_name(type(m))) for name, m in root.named_modules()]
-                    if with_modules else [])
-        seen_modules.add(id(m))
-        if with_modules:
-            modules.append((m, path, _class_name(type(m))))
-        prefix = path + "." if path else ""
-        for members, out, seen in ((m._parameters, parameters, seen_parameters),
-                                   (m._buffers, buffers, seen_buffers)):
-            for name, t in members.items():
-                if t is not None and id(t) not in seen:
-                    seen.add(id(t))
-                    out.append((prefix + name, t))
-        children = [(prefix + name, c) for name, c in m._modules.items() if c is not None]
-        stack.extend(reversed(children))
-    return parameters, buffers, modules
+    _require_C()
+    contents = _C.module_contents(root, with_modules, _walks_as_module, _class_name)
+    if contents is not None:
+        return contents
+    return (list(root.named_parameters()), list(root.named_buffers()),
+            [(m, name, _class_name(type(m))) for name, m in root.named_modules()]
+            if with_modules else [])
 
 
 # --- Errors --------------------------------------------------------------------

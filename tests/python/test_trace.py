@@ -252,8 +252,15 @@ def test_parameters_buffers_and_modules_listed_as_torch_lists_them():
                 [(sub, name, f"{type(sub).__module__}.{type(sub).__qualname__}")
                  for name, sub in m.named_modules()])
 
+    class Params(dict):  # a mapping of another type: listed through items()
+        pass
+
+    reordered = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 3))
+    reordered._modules.move_to_end("0")  # an OrderedDict's order, not its dict's
+    reordered[0]._parameters = dict(reversed(list(reordered[0]._parameters.items())))
+    reordered[2]._parameters = Params(reordered[2]._parameters)
     for m in (Odd(), torchvision.models.resnet18(), nn.Sequential(Odd(), OwnListing(3, 3)),
-              OwnListing(2, 2)):
+              OwnListing(2, 2), reordered):
         assert _trace._module_contents(m, True) == expected(m)
         assert _trace._module_contents(m, False) == expected(m)[:2] + ([],)
 
