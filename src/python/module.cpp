@@ -121,15 +121,22 @@ c10::IValue to_ivalue(py::handle obj, const std::string& path) {
 }
 
 // The state of a traced module: its parameters and buffers by qualified name,
-// as (name, tensor) pairs from named_parameters() and named_buffers().
-ModuleState module_state(const std::vector<std::pair<std::string, py::object>>& parameters,
-                         const std::vector<std::pair<std::string, py::object>>& buffers) {
+// as (name, tensor) pairs from named_parameters() and named_buffers(); the
+// names are moved out of the lists.
+ModuleState module_state(std::vector<std::pair<std::string, py::object>>& parameters,
+                         std::vector<std::pair<std::string, py::object>>& buffers) {
   ModuleState state;
-  for (const auto& [name, t] : parameters) {
-    state.parameters.emplace_back(name, THPVariable_Unpack(t.ptr()));
-  }
-  for (const auto& [name, t] : buffers) {
-    state.buffers.emplace_back(name, THPVariable_Unpack(t.ptr()));
+  for (auto [pairs, out, kind] : {std::make_tuple(&parameters, &state.parameters, "parameter"),
+                                  std::make_tuple(&buffers, &state.buffers, "buffer")}) {
+    out->reserve(pairs->size());
+    for (auto& [name, t] : *pairs) {
+      // Registering checks this; a module's dict written directly does not.
+      if (!THPVariable_Check(t.ptr())) {
+        throw_trace_error(std::string("the module's ") + kind + " '" + name + "' is a " +
+                          type_name(t) + ", not a tensor");
+      }
+      out->emplace_back(std::move(name), THPVariable_Unpack(t.ptr()));
+    }
   }
   return state;
 }

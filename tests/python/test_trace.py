@@ -547,6 +547,17 @@ def test_unsupported_argument_types():
         torchcap.trace(lambda x: "text", (torch.ones(1),))
 
 
+def test_module_holding_a_non_tensor_as_a_buffer_is_refused():
+    # register_buffer checks the type; writing the module's dict does not.
+    m = nn.Sequential(nn.Linear(2, 2))
+    m[0]._buffers["scale"] = 2.0
+    with pytest.raises(torchcap.TraceError, match="buffer '0.scale' is a float, not a tensor"):
+        torchcap.trace(m, (torch.ones(1, 2),))
+    m[0]._buffers["scale"] = torch.ones(1)
+    assert torch.equal(torchcap.trace(m, (torch.ones(1, 2),))(torch.ones(1, 2)),
+                       m(torch.ones(1, 2)))
+
+
 def test_wrong_inputs_to_the_graph():
     gm = torchcap.trace(lambda p: p[0] + p[1], ((torch.ones(2), torch.ones(2)),))
     with pytest.raises(Exception):
