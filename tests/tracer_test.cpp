@@ -7,6 +7,7 @@
 #include <torchcap/tracer.h>
 #include <torchcap/tracing_tensor.h>
 
+#include "counting_allocator.h"
 #include "golden.h"
 #include "zoo.h"
 
@@ -56,6 +57,42 @@ TEST_P(Zoo, TracesLintsAndReRunsLikeEager) {
   // (interpreter_test runs every graph on fresh inputs.)
   c10::IValue again = Interpreter(gm).run(traced.make_inputs(0));
   EXPECT_LE(examples::max_abs_diff(again, trace_outputs), 1e-5) << name;
+}
+
+// Tracing runs the program for real and holds no value longer than the
+// program does: a trace allocates what an eager run allocates, and holds as
+// much at its peak, plus the copies the graph keeps of the buffers the
+// program writes (Note [Attributes written during a trace]).
+TEST_P(Zoo, HoldsNoValueLongerThanTheProgram) {
+  examples::Example e = examples::make(GetParam());
+  {
+    // Kernels allocate caches on their first runs.
+    at::NoGradGuard no_grad;
+    e.forward(e.make_inputs(0));
+  }
+  examples::trace(e);
+  examples::LiveBytesAllocator counting;
+  {
+    at::NoGradGuard no_grad;
+    e.forward(e.make_inputs(0));
+  }
+  const examples::LiveBytesAllocator::Usage eager = counting.take();
+  GraphModule gm = examples::trace(e);
+  const examples::LiveBytesAllocator::Usage traced = counting.take();
+
+  size_t copies = 0, copied_bytes = 0;
+  for (const auto& [name, buffer] : examples::named_buffers(e)) {
+    if (!gm.has_attribute(name)) continue;
+    const at::Tensor& held = gm.attribute(name).value;
+    if (!held.is_same(buffer)) {
+      ++copies;
+      copied_bytes += held.nbytes();
+    }
+  }
+  EXPECT_GT(eager.allocations, 0u);
+  EXPECT_EQ(traced.allocations, eager.allocations + copies);
+  EXPECT_GE(traced.peak_bytes, eager.peak_bytes);
+  EXPECT_LE(traced.peak_bytes, eager.peak_bytes + copied_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, Zoo, ::testing::ValuesIn(examples::names()),
