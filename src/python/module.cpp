@@ -157,9 +157,11 @@ py::object module_contents(py::handle root, bool with_modules, py::handle plain,
   py::list parameters, buffers, modules;
   ska::flat_hash_set<PyObject*> seen_modules, seen_parameters, seen_buffers;
   ska::flat_hash_map<PyObject*, py::object> names;  // by class; None: not plain
-  // (path, module): borrowed; the modules are held by their parents.
-  std::vector<std::pair<py::object, py::handle>> stack{{py::str(""), root}};
-  std::vector<std::pair<py::object, py::handle>> children;
+  // (path, module), the modules held: a mapping's items() runs Python, which
+  // could take a module from its parent.
+  std::vector<std::pair<py::object, py::object>> stack{
+      {py::str(""), py::reinterpret_borrow<py::object>(root)}};
+  std::vector<std::pair<py::object, py::object>> children;
   // Calls f(name, value) for each entry of a module's `field` container, in
   // its order; false if an entry is not a (str, value) pair, which the
   // class's own methods must list. Plain dicts and OrderedDicts are read
@@ -188,6 +190,7 @@ py::object module_contents(py::handle root, bool with_modules, py::handle plain,
     if (Py_TYPE(d.ptr()) == reinterpret_cast<PyTypeObject*>(ordered_dict)) {
       for (py::handle key : d) {
         PyObject* value = PyDict_GetItemWithError(d.ptr(), key.ptr());
+        if (value == nullptr && PyErr_Occurred()) throw py::error_already_set();
         if (value == nullptr || !PyUnicode_Check(key.ptr())) return false;
         f(key, py::handle(value));
       }
@@ -226,7 +229,7 @@ py::object module_contents(py::handle root, bool with_modules, py::handle plain,
     }
     children.clear();
     bool listed = for_each(m, "_modules", [&](py::handle name, py::handle c) {
-      if (!c.is_none()) children.emplace_back(prefix + name, c);
+      if (!c.is_none()) children.emplace_back(prefix + name, py::reinterpret_borrow<py::object>(c));
     });
     if (!listed) return py::none();
     stack.insert(stack.end(), std::make_move_iterator(children.rbegin()),
