@@ -56,6 +56,11 @@ class Graph {
                       const std::string& name = {});
   Node* call_function(const c10::OperatorHandle& op, ArgumentList args, Kwargs kwargs = {},
                       const std::string& name = {});
+  // The same, for a caller that holds the operator's identity already
+  // (detail::operator_identity(op.operator_name()); the tracer keeps one per
+  // operator it meets): no lookup.
+  Node* call_function(const c10::OperatorHandle& op, const detail::OperatorIdentity& identity,
+                      ArgumentList args, Kwargs kwargs = {});
   // Output `index` of a node that produces several values.
   Node* getitem(Node* value, int64_t index, const std::string& name = {});
   // The graph's single output; `results` are its flattened values (nodes or none).

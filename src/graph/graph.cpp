@@ -316,6 +316,13 @@ Node* Graph::call_function(const c10::OperatorHandle& op, ArgumentList args, Kwa
                 &identity, std::move(args), std::move(kwargs));
 }
 
+Node* Graph::call_function(const c10::OperatorHandle& op, const detail::OperatorIdentity& identity,
+                           ArgumentList args, Kwargs kwargs) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(identity.name == op.operator_name());
+  return create(OpCode::CallFunction, identity.stem, std::string(), op, &identity,
+                std::move(args), std::move(kwargs));
+}
+
 Node* Graph::getitem(Node* value, int64_t index, const std::string& name) {
   return create(OpCode::CallFunction, name.empty() ? std::string(kGetItem) : name, kGetItem,
                 std::nullopt, nullptr, {value, index}, {});

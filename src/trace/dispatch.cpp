@@ -255,7 +255,7 @@ Node* record_node(Graph& g, const c10::OperatorHandle& op, const OperatorFacts& 
     args.resize(2);
     return g.call_function(view, std::move(args));
   }
-  return g.call_function(op, std::move(args), std::move(kwargs));
+  return g.call_function(op, *facts.identity, std::move(args), std::move(kwargs));
 }
 
 // Note [Attributes written during a trace]
