@@ -463,14 +463,13 @@ def _to_fx(graph, kwargs, checked=True):
     _load.py).
     """
     keywords = list(kwargs.keys())
-    gm = _new_graph_module(checked)
+    gm = _new_traced_module(checked, lambda: _fx_graph(graph, keywords))
     # The traced tensors: the module's own parameters and buffers (the same
     # objects), except buffers the program wrote, of which the graph keeps the
     # values from before the trace (the trace ran the program, which updated
     # the module's own).
     attributes = graph.attributes()
     _set_traced_tensors(gm, attributes)
-    _set_graph_built_later(gm, lambda: _fx_graph(graph, keywords))
     gm._torchcap_graph = graph
     gm._torchcap_keywords = keywords
     # A model traced on the meta device: running the graph on real inputs is
@@ -528,13 +527,76 @@ def _set_graph_built_later(gm, build):
     gm.__dict__.pop("_graph", None)
     gm.__dict__["_torchcap_build_graph"] = build
     cls = type(gm)
-    cls.__getattr__ = _getattr_making_graph
-    cls.__deepcopy__ = _deepcopy_traced(cls.__deepcopy__)
-    cls.__reduce__ = _reduce_traced
+    for name, value in _traced_class_attributes().items():
+        setattr(cls, name, value)
+
+
+def _traced_class_attributes():
+    """What _set_graph_built_later sets on a traced module's class."""
+    attributes = {"__getattr__": _getattr_making_graph,
+                  "__deepcopy__": _deepcopy_traced(torch.fx.GraphModule.__deepcopy__),
+                  "__reduce__": _reduce_traced,
+                  "forward": _forward_after_generating_code,
+                  "_code": property(_generated_code, _set_generated_code)}
     for name in ("__reduce_package__", "__reduce_deploy__"):
-        setattr(cls, name, _after_making_code(getattr(cls, name)))
-    cls.forward = _forward_after_generating_code
-    cls._code = property(_generated_code, _set_generated_code)
+        attributes[name] = _after_making_code(getattr(torch.fx.GraphModule, name))
+    return attributes
+
+
+def _traced_module_maker():
+    """A function (checked, build) that makes what _new_graph_module(checked)
+    and then _set_graph_built_later(gm, build) make, in less time.
+
+    Right after the program ran (its arithmetic had taken the caches), those
+    two took about 0.2 ms a trace (0.03 ms run in a loop): a class statement,
+    then ten assignments to the class, each of which makes Python update it
+    (and for a special method, its slots), and GraphModule.__init__, which
+    makes a module and a graph only to drop them. The class torch.fx makes is
+    a subclass of GraphModule with nothing of its own, so one type() call
+    with all of its attributes makes the same class; the module's __dict__
+    is a new module's with GraphModule's fields. Both are compared with the
+    slow way's at import, and if this torch makes them otherwise (another
+    field, another class), the slow way it is.
+    """
+    def slow(checked, build):
+        gm = _new_graph_module(checked)
+        _set_graph_built_later(gm, build)
+        return gm
+
+    reference = slow(True, None)
+    cls = type(reference)
+    # Named as GraphModule.__new__ names it (which it reads back to find
+    # the base class), then renamed by __init__.
+    shared = dict(_traced_class_attributes(), __call__=_call_wrapped,
+                  __module__=cls.__module__, __qualname__=cls.__qualname__)
+    new_module = _new_module
+
+    def fast(checked, build):
+        cls = type("TorchcapGraphModule", (torch.fx.GraphModule,), dict(shared))
+        call = _WrappedCall(cls, None)
+        cls._wrapped_call = _CheckedCall(call) if checked else call
+        gm = new_module()
+        gm.__class__ = cls
+        gm.__dict__.update(_tracer_cls=None, _tracer_extras={}, meta={},
+                           _torchcap_build_graph=build)
+        return gm
+
+    def same(made, expected):
+        if made.keys() != expected.keys():
+            return False
+        for key, value in expected.items():
+            if type(made[key]) is not type(value):
+                return False
+            if (value is None or type(value) in (bool, str, dict, set, collections.OrderedDict)) \
+                    and made[key] != value:
+                return False
+        return True
+
+    made = fast(True, None)
+    if (type(made).__bases__ != cls.__bases__ or type(made).__name__ != cls.__name__ or
+            not same(vars(made), vars(reference)) or not same(vars(type(made)), vars(cls))):
+        return slow
+    return fast
 
 
 def _getattr_making_graph(self, name):
@@ -606,6 +668,9 @@ def _as_traced(gm):
         return True
     traced = _fx_graph(gm._torchcap_graph, getattr(gm, "_torchcap_keywords", ()))
     return gm.code == traced.python_code(root_module="self").src
+
+
+_new_traced_module = _traced_module_maker()
 
 
 def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,

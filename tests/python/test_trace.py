@@ -285,6 +285,18 @@ def test_traced_module_is_made_as_graph_module_makes_it():
     ours = [k for k in vars(gm) if not k.startswith("_torchcap") and k not in ("in_spec", "out_spec")]
     assert ours == [k for k in vars(made) if k not in ("_graph", "_code")]
     assert type(gm).__name__ == type(made).__name__ and type(gm).__mro__[1:] == type(made).__mro__[1:]
+    assert type(gm).__qualname__ == type(made).__qualname__
+    # Its class, made by one type() call on this torch, has what the slow way
+    # (torch.fx's constructor, then the class's attributes set one by one) gives.
+    assert _trace._new_traced_module.__name__ == "fast"
+    slow = _trace._new_graph_module(True)
+    _trace._set_graph_built_later(slow, None)
+    assert vars(type(gm)).keys() == vars(type(slow)).keys()
+    assert vars(gm).keys() - vars(slow).keys() == {"_torchcap_graph", "_torchcap_keywords",
+                                                    "_torchcap_attributes", "in_spec", "out_spec",
+                                                    "_torchcap_call_structure"}
+    other = torchcap.trace(m, (x,))
+    assert type(other) is not type(gm) and type(other)._wrapped_call is not type(gm)._wrapped_call
     assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
     assert all(gm.get_parameter(k) is p for k, p in m.named_parameters())
     assert_tree_equal(gm(x), m(x))
