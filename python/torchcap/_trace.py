@@ -370,29 +370,6 @@ def _set_tensor(gm, name, tensor, is_parameter):
         owner._buffers[leaf] = tensor
 
 
-def _set_traced_tensors(gm, attributes):
-    """_set_tensor for each (name, kind, tensor) of a trace, on a GraphModule
-    that has no submodules yet: each owner module is made once, as a new
-    torch.nn.Module() (_new_module)."""
-    owners = {"": gm}
-    for name, kind, tensor in attributes:
-        path, _, leaf = name.rpartition(".")
-        owner = owners.get(path)
-        if owner is None:
-            owner = gm
-            prefix = ""
-            for part in path.split("."):
-                prefix = prefix + "." + part if prefix else part
-                child = owners.get(prefix)
-                if child is None:
-                    child = owners[prefix] = owner._modules[part] = _new_module()
-                owner = child
-        if kind == "parameter" and isinstance(tensor, torch.nn.Parameter):
-            owner._parameters[leaf] = tensor
-        else:
-            owner._buffers[leaf] = tensor
-
-
 def _module_maker():
     """A function making a torch.nn.Module as torch.nn.Module() makes it.
 
@@ -467,15 +444,13 @@ def _to_fx(graph, kwargs, checked=True):
     # The traced tensors: the module's own parameters and buffers (the same
     # objects), except buffers the program wrote, of which the graph keeps the
     # values from before the trace (the trace ran the program, which updated
-    # the module's own).
-    attributes = graph.attributes()
-    _set_traced_tensors(gm, attributes)
+    # the module's own). Note [The traced module's attributes] in module.cpp.
+    gm._torchcap_attributes, weightless = graph.attach_attributes(gm, _new_module)
     gm._torchcap_graph = graph
     gm._torchcap_keywords = keywords
     # A model traced on the meta device: running the graph on real inputs is
     # refused until its weights hold values (Note [Runs with unbound weights]).
-    gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
-    if any(isinstance(t, torch.Tensor) and t.is_meta for _, _, t in attributes):
+    if weightless:
         gm.register_forward_pre_hook(_refuse_unbound_weights)
     return gm
 

@@ -970,6 +970,77 @@ py::list attributes(const GraphModule& gm) {
   return out;
 }
 
+// Note [The traced module's attributes]
+// _to_fx puts the trace's attributes into the torch.fx module where
+// torch.fx's constructor would: each in the plain module of its dotted prefix
+// ("layer1.0.conv1" for "layer1.0.conv1.weight"), made once by
+// `new_module()` and entered in its parent's `_modules`; a parameter that is
+// an nn.Parameter in `_parameters`, everything else in `_buffers`. The
+// module has no submodules yet. Done in Python, this took 0.18 ms of a
+// ResNet-18 trace (102 attributes, 60 modules) right after the program ran.
+// Returns the (name, kind) of each attribute, and whether one is a meta
+// tensor (a weightless graph).
+py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle new_module) {
+  static PyObject* const parameter_class =
+      py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
+  // A module's own container `field` (its __dict__'s entry), borrowed.
+  auto container = [](PyObject* m, const char* field) {
+    py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(m, nullptr));
+    if (!dict) throw py::error_already_set();
+    PyObject* c = PyDict_GetItemString(dict.ptr(), field);
+    if (c == nullptr) {
+      throw std::runtime_error(std::string("torchcap: a module of the traced torch.fx module has "
+                                           "no '") + field + "'");
+    }
+    return c;
+  };
+  auto set_item = [](PyObject* mapping, std::string_view key, PyObject* value) {
+    // PyObject_SetItem: an OrderedDict keeps its order only when set through it.
+    py::str k(key.data(), key.size());
+    if (PyObject_SetItem(mapping, k.ptr(), value) != 0) throw py::error_already_set();
+  };
+  // The module of each dotted prefix made so far; each is held by its parent.
+  ska::flat_hash_map<std::string_view, PyObject*> owners;
+  py::list listed;
+  bool any_meta = false;
+  for (const Attribute& a : gm.attributes()) {
+    std::string_view name = a.name;
+    size_t dot = name.rfind('.');
+    PyObject* owner = target.ptr();
+    if (dot != std::string_view::npos) {
+      std::string_view path = name.substr(0, dot);
+      auto known = owners.find(path);
+      if (known != owners.end()) {
+        owner = known->second;
+      } else {
+        for (size_t start = 0;;) {
+          size_t end = std::min(path.find('.', start), path.size());
+          std::string_view prefix = path.substr(0, end);
+          auto made = owners.find(prefix);
+          if (made == owners.end()) {
+            py::object child = new_module();
+            set_item(container(owner, "_modules"), path.substr(start, end - start), child.ptr());
+            made = owners.emplace(prefix, child.ptr()).first;
+          }
+          owner = made->second;
+          if (end == path.size()) break;
+          start = end + 1;
+        }
+      }
+    }
+    py::object tensor = py::reinterpret_steal<py::object>(THPVariable_Wrap(a.value));
+    int is_parameter = a.kind == AttributeKind::Parameter
+                           ? PyObject_IsInstance(tensor.ptr(), parameter_class)
+                           : 0;
+    if (is_parameter < 0) throw py::error_already_set();
+    set_item(container(owner, is_parameter ? "_parameters" : "_buffers"),
+             name.substr(dot == std::string_view::npos ? 0 : dot + 1), tensor.ptr());
+    listed.append(py::make_tuple(a.name, attribute_kind_name(a.kind)));
+    any_meta = any_meta || a.value.is_meta();
+  }
+  return py::make_tuple(listed, any_meta);
+}
+
 // `gm` with the given attribute values: the torch.fx module's current
 // tensors, which may have been replaced since the trace.
 using NamedPyTensors = std::vector<std::pair<std::string, py::object>>;
@@ -1042,6 +1113,7 @@ PYBIND11_MODULE(_C, m) {
   py::class_<GraphModule>(m, "GraphModule")
       .def("build_fx", &build_fx, py::arg("graph"), py::arg("spec_class"), py::arg("direct") = true)
       .def("attributes", &attributes)
+      .def("attach_attributes", &attach_attributes, py::arg("module"), py::arg("new_module"))
       .def("save", &save_with)
       .def("with_attributes", &with_attributes)
       .def("num_nodes", [](const GraphModule& gm) { return gm.graph().size(); })

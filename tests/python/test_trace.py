@@ -299,6 +299,12 @@ def test_traced_module_is_made_as_graph_module_makes_it():
     assert type(other) is not type(gm) and type(other)._wrapped_call is not type(gm)._wrapped_call
     assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
     assert all(gm.get_parameter(k) is p for k, p in m.named_parameters())
+    read = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    buffers = {k: b for k, b in m.named_buffers() if k in read}
+    assert len(buffers) == 40 and all(gm.get_buffer(k) is b for k, b in buffers.items())
+    assert {k for k, _ in gm.named_buffers()} == buffers.keys()
+    assert [name for name, _ in gm._torchcap_attributes] == \
+        [n.target for n in gm.graph.nodes if n.op == "get_attr"]
     assert_tree_equal(gm(x), m(x))
     gm.recompile()  # as torch.fx's own: its call wrapper (with the argument check) stays
     assert_tree_equal(gm(x), m(x))
