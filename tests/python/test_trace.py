@@ -361,6 +361,35 @@ def test_stack_traces_and_module_stacks():
                for n in gm.graph.nodes)
 
 
+class LinesAndLoop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(3, 3), nn.Linear(3, 3)])
+
+    def forward(self, x):
+        y = torch.sin(x)  # line one
+        y = torch.cos(y)  # line two
+        for layer in self.layers:
+            y = torch.relu(layer(y))  # one line, another module each time
+        return y
+
+
+def test_consecutive_nodes_of_other_lines_and_modules():
+    # Consecutive nodes of one module on other lines, and of other modules
+    # called from one line, each get their own stack trace and module stack.
+    gm = torchcap.trace(LinesAndLoop(), (torch.randn(2, 3),))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [n.target.__name__ for n in nodes] == ["sin.default", "cos.default", "t.default",
+                                                  "addmm.default", "relu.default", "t.default",
+                                                  "addmm.default", "relu.default"]
+    last_line = [n.meta["stack_trace"].strip().splitlines()[-1].strip() for n in nodes]
+    assert last_line[:2] == ["y = torch.sin(x)  # line one", "y = torch.cos(y)  # line two"]
+    # The Linear's own frames are torch's: its operators name the loop's line.
+    assert set(last_line[2:]) == {"y = torch.relu(layer(y))  # one line, another module each time"}
+    assert [list(n.meta["nn_module_stack"]) for n in nodes] == [
+        [""], [""], ["", "layers.0"], ["", "layers.0"], [""], ["", "layers.1"], ["", "layers.1"], [""]]
+
+
 def _sources(gm):
     return [(n.name, n.meta.get("stack_trace"), n.meta.get("nn_module_stack"))
             for n in gm.graph.nodes]
