@@ -141,6 +141,17 @@ ModuleState module_state(std::vector<std::pair<std::string, py::object>>& parame
   return state;
 }
 
+// A module's own `field` (`_parameters`, `_modules`, ...): its __dict__'s
+// entry, read without running Python; a null object if it has none there.
+py::object own_field(py::handle m, const char* field) {
+  py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(m.ptr(), nullptr));
+  if (!dict || !PyDict_Check(dict.ptr())) {
+    PyErr_Clear();
+    return py::object();
+  }
+  return py::reinterpret_borrow<py::object>(PyDict_GetItemString(dict.ptr(), field));
+}
+
 // Note [Walking a module in C++]
 // torchcap._trace._module_contents: the parameters, buffers and (with
 // `with_modules`) the (module, qualified path, class name) entries of `root`
@@ -171,12 +182,7 @@ py::object module_contents(py::handle root, bool with_modules, py::handle plain,
   static PyObject* const ordered_dict =
       py::object(py::module_::import("collections").attr("OrderedDict")).release().ptr();
   auto for_each = [](py::handle m, const char* field, auto&& f) {
-    py::object d;
-    if (py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(m.ptr(), nullptr));
-        dict && PyDict_Check(dict.ptr())) {
-      d = py::reinterpret_borrow<py::object>(PyDict_GetItemString(dict.ptr(), field));
-    }
-    PyErr_Clear();
+    py::object d = own_field(m, field);
     if (!d) d = m.attr(field);
     if (PyDict_CheckExact(d.ptr())) {
       Py_ssize_t pos = 0;
@@ -983,12 +989,10 @@ py::list attributes(const GraphModule& gm) {
 py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle new_module) {
   static PyObject* const parameter_class =
       py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
-  // A module's own container `field` (its __dict__'s entry), borrowed.
+  // A module's own container `field`.
   auto container = [](PyObject* m, const char* field) {
-    py::object dict = py::reinterpret_steal<py::object>(PyObject_GenericGetDict(m, nullptr));
-    if (!dict) throw py::error_already_set();
-    PyObject* c = PyDict_GetItemString(dict.ptr(), field);
-    if (c == nullptr) {
+    py::object c = own_field(m, field);
+    if (!c) {
       throw std::runtime_error(std::string("torchcap: a module of the traced torch.fx module has "
                                            "no '") + field + "'");
     }
@@ -1019,7 +1023,8 @@ py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle
           auto made = owners.find(prefix);
           if (made == owners.end()) {
             py::object child = new_module();
-            set_item(container(owner, "_modules"), path.substr(start, end - start), child.ptr());
+            set_item(container(owner, "_modules").ptr(), path.substr(start, end - start),
+                     child.ptr());
             made = owners.emplace(prefix, child.ptr()).first;
           }
           owner = made->second;
@@ -1033,7 +1038,7 @@ py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle
                            ? PyObject_IsInstance(tensor.ptr(), parameter_class)
                            : 0;
     if (is_parameter < 0) throw py::error_already_set();
-    set_item(container(owner, is_parameter ? "_parameters" : "_buffers"),
+    set_item(container(owner, is_parameter ? "_parameters" : "_buffers").ptr(),
              name.substr(dot == std::string_view::npos ? 0 : dot + 1), tensor.ptr());
     listed.append(py::make_tuple(a.name, attribute_kind_name(a.kind)));
     any_meta = any_meta || a.value.is_meta();
