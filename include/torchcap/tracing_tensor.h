@@ -29,7 +29,7 @@ namespace torchcap {
 
 class Node;
 
-class TracingTensorImpl : public c10::TensorImpl {
+class TracingTensorImpl final : public c10::TensorImpl {
  public:
   // `device`: the device the wrapper reports, when it is not the value's.
   TracingTensorImpl(at::Tensor value, Node* node, uint64_t trace_id, bool immutable,
