@@ -125,6 +125,50 @@ TEST(Immutability, InPlaceWriteToAnInputIsRefusedBeforeItRuns) {
   EXPECT_TRUE(at::equal(x, at::ones({2, 2})));  // untouched
 }
 
+// What the tracer knows of an operator (which arguments it writes) is kept
+// across traces, and forgotten when operators are defined or removed: an
+// operator removed and defined again with another schema is traced by the new
+// one (the new schema may well sit where the old one did).
+// Boxed kernels and calls: LibTorch 1.13 keeps a removed operator's C++
+// signature and would refuse typed kernels of the new one.
+void doubled(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  at::Tensor x = torch::jit::pop(*stack).toTensor();
+  torch::jit::push(*stack, x * 2);
+}
+void doubled_in_place(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  at::Tensor x = torch::jit::pop(*stack).toTensor();
+  x.mul_(2);
+  torch::jit::push(*stack, x);
+}
+c10::IValue call_scale(IValues in) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchcap_redefined::scale", "");
+  torch::jit::Stack stack{in[0]};
+  op.callBoxed(&stack);
+  return stack.back();
+}
+
+TEST(Immutability, AnOperatorDefinedAgainIsTracedByItsNewSchema) {
+  {
+    torch::Library lib(torch::Library::DEF, "torchcap_redefined", c10::nullopt, __FILE__, __LINE__);
+    lib.def("scale(Tensor x) -> Tensor",
+            torch::dispatch(c10::DispatchKey::CPU, torch::CppFunction::makeFromBoxedFunction<&doubled>()));
+    GraphModule gm = trace(call_scale, {at::ones({2})});
+    EXPECT_EQ(count_target(gm, "torchcap_redefined::scale"), 1u);
+    EXPECT_TRUE(at::equal(Interpreter(gm).run({at::ones({2})}).toTensor(), at::full({2}, 2.0)));
+  }
+  torch::Library lib(torch::Library::DEF, "torchcap_redefined", c10::nullopt, __FILE__, __LINE__);
+  lib.def("scale(Tensor(a!) x) -> Tensor(a!)",
+          torch::dispatch(c10::DispatchKey::CPU,
+                          torch::CppFunction::makeFromBoxedFunction<&doubled_in_place>()));
+  at::Tensor x = at::ones({2});
+  std::string message = trace_error([&] { trace(call_scale, {x}); });
+  EXPECT_EQ(message,
+            "Immutable tensor `x` is potentially getting modified by torchcap_redefined::scale("
+            "Tensor(a!) x) -> Tensor(a!): it is graph input %ph_0, which a graph may not modify. "
+            "Clone it first.");
+  EXPECT_TRUE(at::equal(x, at::ones({2})));
+}
+
 TEST(Immutability, OutArgumentThatIsAnInputIsRefused) {
   at::Tensor x = at::ones({3});
   at::Tensor out = at::zeros({3});
