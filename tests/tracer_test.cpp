@@ -450,6 +450,46 @@ TEST(StackTraces, NameTheModelsSourceInsideModules) {
       << relu->meta().stack_trace.str();
 }
 
+// Two functions alike but for their lines, called in turn from one loop: the
+// stack of one lies where the other's does, with other return addresses in
+// it. A stack seen before is recognized by its return addresses (Note
+// [Stacks recognized by their return address slots]); neither function's
+// nodes may take the other's.
+int sigmoid_here_line = 0;
+int sigmoid_there_line = 0;
+__attribute__((noinline)) at::Tensor sigmoid_here(const at::Tensor& x) {
+  sigmoid_here_line = __LINE__ + 1;
+  at::Tensor y = at::sigmoid(x);
+  return y;
+}
+__attribute__((noinline)) at::Tensor sigmoid_there(const at::Tensor& x) {
+  sigmoid_there_line = __LINE__ + 1;
+  at::Tensor y = at::sigmoid(x);
+  return y;
+}
+
+TEST(StackTraces, StacksAtTheSameDepthAreToldApartEveryTime) {
+  constexpr int kRounds = 6;
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    for (int i = 0; i < kRounds; ++i) x = sigmoid_there(sigmoid_here(x));
+    return c10::IValue(x);
+  }, {at::randn({2})});
+  int nodes = 0;
+  for (const Node* n : gm.graph()) {
+    if (n->target() != "aten::sigmoid") continue;
+    const auto& frames = n->meta().stack_trace.frames();
+    ASSERT_FALSE(frames.empty()) << n->name();
+    const int expected = nodes % 2 == 0 ? sigmoid_here_line : sigmoid_there_line;
+    EXPECT_EQ(frames.front().line, expected) << n->name() << "\n" << n->meta().stack_trace.str();
+    EXPECT_NE(frames.front().function.find(nodes % 2 == 0 ? "sigmoid_here" : "sigmoid_there"),
+              std::string::npos)
+        << n->name() << "\n" << n->meta().stack_trace.str();
+    ++nodes;
+  }
+  EXPECT_EQ(nodes, 2 * kRounds);
+}
+
 TEST(StackTraces, CanBeTurnedOff) {
   TraceOptions options;
   options.record_stack_traces = false;
