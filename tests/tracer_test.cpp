@@ -125,10 +125,10 @@ TEST(Immutability, InPlaceWriteToAnInputIsRefusedBeforeItRuns) {
   EXPECT_TRUE(at::equal(x, at::ones({2, 2})));  // untouched
 }
 
-// What the tracer knows of an operator (which arguments it writes) is kept
-// across traces, and forgotten when operators are defined or removed: an
-// operator removed and defined again with another schema is traced by the new
-// one (the new schema may well sit where the old one did).
+// What the tracer knows of an operator (which arguments it writes) is looked
+// up by its schema's address (Note [Operator facts, looked up once]): an
+// operator removed and defined again with another schema, which may well sit
+// where the old one did, is traced by the new one.
 // Boxed kernels and calls: LibTorch 1.13 keeps a removed operator's C++
 // signature and would refuse typed kernels of the new one.
 void doubled(const c10::OperatorHandle&, torch::jit::Stack* stack) {

@@ -18,8 +18,6 @@
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
-#include <atomic>
-#include <memory>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -159,13 +157,8 @@ int aliased_argument_of(const c10::FunctionSchema& schema, const c10::Argument& 
 // result is data) is derived once per operator and trace, not for every call:
 // the handler runs for every operator the program calls, and the schema walks
 // and name strings would cost more than many of the operators themselves.
-// The table is the calling thread's and lives across traces: what it holds
-// depends only on an operator's definition (schema, tags, name), and every
-// definition or removal of an operator empties it (its keys are schema
-// addresses, which a removed operator's successor may reuse). Definitions may
-// change between traces, never during one. (Rebuilt for every trace, it cost
-// ResNet-18 at 32x32, a dozen distinct operators, about 1 % of its tracing
-// overhead.)
+// The table is the calling thread's and is emptied when another trace starts
+// (operator registrations may change between traces, never during one).
 struct OperatorFacts {
   const OperatorIdentity* identity = nullptr;  // target "aten::addmm", stem "addmm"
   bool returns_data = false;
@@ -205,30 +198,15 @@ OperatorFacts derive_facts(const c10::OperatorHandle& op) {
   return f;
 }
 
-// Counts operator definitions and removals (OpRegistrationListener reports
-// both: defs, not impls, which facts do not depend on).
-std::atomic<uint64_t> definitions{0};
-
-class DefinitionCounter final : public c10::OpRegistrationListener {
- public:
-  void onOperatorRegistered(const c10::OperatorHandle&) override {
-    definitions.fetch_add(1, std::memory_order_release);
-  }
-  void onOperatorDeregistered(const c10::OperatorHandle&) override {
-    definitions.fetch_add(1, std::memory_order_release);
-  }
-};
-
-const OperatorFacts& facts_of(const c10::OperatorHandle& op) {
+const OperatorFacts& facts_of(const TraceState& st, const c10::OperatorHandle& op) {
   struct Table {
-    uint64_t definitions = ~uint64_t{0};
+    uint64_t trace = 0;
     std::unordered_map<const c10::FunctionSchema*, OperatorFacts> facts;
   };
   thread_local Table table;
-  const uint64_t now = definitions.load(std::memory_order_acquire);
-  if (table.definitions != now) {
+  if (table.trace != st.id()) {
     table.facts.clear();
-    table.definitions = now;
+    table.trace = st.id();
   }
   const c10::FunctionSchema* key = &op.schema();
   auto it = table.facts.find(key);
@@ -685,7 +663,7 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
 
 void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
-  const OperatorFacts& facts = facts_of(op);
+  const OperatorFacts& facts = facts_of(st, op);
   OpCall c{op, schema, facts, facts.identity->qualified, stack,
            stack->size() - schema.arguments().size()};
   if (check_data_dependence(st, c) && st.meta()) {
@@ -774,9 +752,6 @@ void ensure_tracer_registered() {
   static std::once_flag once;
   std::call_once(once, [] {
     auto& d = c10::Dispatcher::singleton();
-    // Before any operator's facts are looked up (Note [Operator facts,
-    // looked up once]).
-    handles->push_back(d.addRegistrationListener(std::make_unique<DefinitionCounter>()));
     handles->push_back(d.registerFallback(
         kTracerKey, c10::KernelFunction::makeFromBoxedFunction<&traced_fallback>(),
         "torchcap tracer fallback"));
