@@ -506,6 +506,61 @@ TEST(StackTraces, StacksAtTheSameDepthAreToldApartEveryTime) {
   }
 }
 
+// Twelve stacks at one depth, more than a few: one function calls an
+// operator from twelve lines. (The store after each call keeps the compiler
+// from merging the calls into one.)
+int twelve_first_line = 0;
+volatile int twelve_sink = 0;
+__attribute__((noinline)) at::Tensor sigmoid_on_line(const at::Tensor& x, int k) {
+  volatile int& sink = twelve_sink;
+  at::Tensor y;
+  twelve_first_line = __LINE__ + 2;
+  switch (k) {
+    case 0: y = at::sigmoid(x); sink = 0; break;
+    case 1: y = at::sigmoid(x); sink = 1; break;
+    case 2: y = at::sigmoid(x); sink = 2; break;
+    case 3: y = at::sigmoid(x); sink = 3; break;
+    case 4: y = at::sigmoid(x); sink = 4; break;
+    case 5: y = at::sigmoid(x); sink = 5; break;
+    case 6: y = at::sigmoid(x); sink = 6; break;
+    case 7: y = at::sigmoid(x); sink = 7; break;
+    case 8: y = at::sigmoid(x); sink = 8; break;
+    case 9: y = at::sigmoid(x); sink = 9; break;
+    case 10: y = at::sigmoid(x); sink = 10; break;
+    case 11: y = at::sigmoid(x); sink = 11; break;
+  }
+  return y;
+}
+
+TEST(StackTraces, ManyStacksAtOneDepthAreToldApart) {
+  // In turn, then out of turn (5 is prime to 12), several rounds each:
+  // every node names the line that called its operator.
+  std::vector<int> order;
+  for (int round = 0; round < 4; ++round) {
+    for (int k = 0; k < 12; ++k) order.push_back(k);
+  }
+  for (int round = 0; round < 4; ++round) {
+    for (int k = 0; k < 12; ++k) order.push_back((k * 5 + round) % 12);
+  }
+  GraphModule gm = trace([&](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    for (int k : order) x = sigmoid_on_line(x, k);
+    return c10::IValue(x);
+  }, {at::randn({2})});
+  size_t i = 0;
+  for (const Node* n : gm.graph()) {
+    if (n->target() != "aten::sigmoid") continue;
+    ASSERT_LT(i, order.size());
+    const auto& frames = n->meta().stack_trace.frames();
+    ASSERT_FALSE(frames.empty()) << i;
+    EXPECT_NE(frames.front().function.find("sigmoid_on_line"), std::string::npos)
+        << i << ": " << frames.front().function;
+    EXPECT_EQ(frames.front().line, twelve_first_line + order[i]) << i;
+    ++i;
+  }
+  EXPECT_EQ(i, order.size());
+}
+
 TEST(StackTraces, CanBeTurnedOff) {
   TraceOptions options;
   options.record_stack_traces = false;
