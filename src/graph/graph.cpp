@@ -161,6 +161,12 @@ Graph::~Graph() {
   Node* n = root_->next_;
   while (n != root_) {
     Node* next = n->next_;
+    // The next node's memory is fetched while this one is destroyed: a
+    // graph is often destroyed long after it was made, its nodes out of
+    // the caches, and each would otherwise be waited for in turn.
+    for (size_t line = 0; line < sizeof(Node); line += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(next) + line);
+    }
     destroy_node(n);
     n = next;
   }
