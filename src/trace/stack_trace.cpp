@@ -374,17 +374,18 @@ std::vector<Slot> find_slots(uintptr_t here, void* const* pcs, int n) {
 // Note [Probing the stacks of one depth]
 // Many stacks can share a depth: one function calling operators from many
 // lines does that (ResNet-18's blocks). Each stack known at a depth has a
-// probe, one of its slots, checked before the others: the slot where it
-// parts from the other stack of that depth from which it parts the latest.
-// Stacks through the same operator differ only from the user's frames
-// on, some twenty slots up, so comparing slots in order would read far
-// into each candidate's; with probes a capture reads one slot of each
-// stack it is not, and all slots of the one it is (a probe that passes by
-// chance costs a full comparison, never a wrong match). The search starts
-// after the stack recognized last, as a loop's stacks come back in turn.
-// With probes, a depth can hold 64 stacks, where comparing in full kept 8:
-// ResNet-18 has more than 8 stacks at some depths, and about a third of its
-// captures were unwound on every trace.
+// probe, one of its slots, checked before the others: the first slot in
+// which it differs from the stack of that depth it shares the most slots
+// with (the others have parted from it before). Stacks through the same
+// operator differ only from the user's frames on, some twenty slots up,
+// so comparing slots in order would read far into each candidate's; with
+// probes a capture reads one slot of each stack it is not, and all slots
+// of the one it is (a probe that passes by chance costs a full
+// comparison, never a wrong match). The search starts after the stack
+// recognized last, as a loop's stacks come back in turn. With probes, a
+// depth can hold 64 stacks, where comparing in full kept 8: ResNet-18 has
+// more than 8 stacks at some depths, and about a third of its captures
+// were unwound on every trace.
 
 // The index of the first slot where stacks `a` and `b` lie or hold
 // differently (the length of the shorter if one begins the other).
