@@ -9,16 +9,16 @@ import sys
 TORCHCAP = os.environ["TORCHCAP_CLI"]
 
 
-def run(*args, check=True):
-    result = subprocess.run([TORCHCAP, *map(str, args)], capture_output=True, text=True)
+def run(*args, check=True, env=None):
+    result = subprocess.run([TORCHCAP, *map(str, args)], capture_output=True, text=True, env=env)
     if check and result.returncode != 0:
         raise AssertionError(f"torchcap {' '.join(map(str, args))} failed:\n{result.stderr}")
     return result
 
 
-def error_of(*args, code=1):
+def error_of(*args, code=1, env=None):
     """Runs a failing command; returns its single stderr line."""
-    result = run(*args, check=False)
+    result = run(*args, check=False, env=env)
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
