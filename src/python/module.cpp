@@ -977,16 +977,16 @@ py::list attributes(const GraphModule& gm) {
 }
 
 // Note [The traced module's attributes]
-// _to_fx puts the trace's attributes into the torch.fx module where
+// _attach_attributes (Note [Attributes attached on first use] in _trace.py)
+// puts the trace's attributes into the torch.fx module where
 // torch.fx's constructor would: each in the plain module of its dotted prefix
 // ("layer1.0.conv1" for "layer1.0.conv1.weight"), made once by
 // `new_module()` and entered in its parent's `_modules`; a parameter that is
 // an nn.Parameter in `_parameters`, everything else in `_buffers`. The
 // module has no submodules yet. Done in Python, this took 0.18 ms of a
 // ResNet-18 trace (102 attributes, 60 modules) right after the program ran.
-// Returns the (name, kind) of each attribute, and whether one is a meta
-// tensor (a weightless graph).
-py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle new_module) {
+// Returns the (name, kind) of each attribute.
+py::list attach_attributes(const GraphModule& gm, py::handle target, py::handle new_module) {
   static PyObject* const parameter_class =
       py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
   // A module's own container `field`.
@@ -1006,7 +1006,6 @@ py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle
   // The module of each dotted prefix made so far; each is held by its parent.
   ska::flat_hash_map<std::string_view, PyObject*> owners;
   py::list listed;
-  bool any_meta = false;
   for (const Attribute& a : gm.attributes()) {
     std::string_view name = a.name;
     size_t dot = name.rfind('.');
@@ -1041,9 +1040,15 @@ py::tuple attach_attributes(const GraphModule& gm, py::handle target, py::handle
     set_item(container(owner, is_parameter ? "_parameters" : "_buffers").ptr(),
              name.substr(dot == std::string_view::npos ? 0 : dot + 1), tensor.ptr());
     listed.append(py::make_tuple(a.name, attribute_kind_name(a.kind)));
-    any_meta = any_meta || a.value.is_meta();
   }
-  return py::make_tuple(listed, any_meta);
+  return listed;
+}
+
+// Whether an attribute is a meta tensor (a weightless graph).
+bool has_meta_attributes(const GraphModule& gm) {
+  const auto& attributes = gm.attributes();
+  return std::any_of(attributes.begin(), attributes.end(),
+                     [](const Attribute& a) { return a.value.is_meta(); });
 }
 
 // `gm` with the given attribute values: the torch.fx module's current
@@ -1119,6 +1124,7 @@ PYBIND11_MODULE(_C, m) {
       .def("build_fx", &build_fx, py::arg("graph"), py::arg("spec_class"), py::arg("direct") = true)
       .def("attributes", &attributes)
       .def("attach_attributes", &attach_attributes, py::arg("module"), py::arg("new_module"))
+      .def("has_meta_attributes", &has_meta_attributes)
       .def("save", &save_with)
       .def("with_attributes", &with_attributes)
       .def("num_nodes", [](const GraphModule& gm) { return gm.graph().size(); })

@@ -291,11 +291,11 @@ def test_traced_module_is_made_as_graph_module_makes_it():
     assert _trace._new_traced_module.__name__ == "fast"
     slow = _trace._new_graph_module(True)
     _trace._set_graph_built_later(slow, None)
-    assert vars(type(gm)).keys() == vars(type(slow)).keys()
+    other = torchcap.trace(m, (x,))  # as made: attributes not attached yet
+    assert vars(type(other)).keys() == vars(type(slow)).keys()
     assert vars(gm).keys() - vars(slow).keys() == {"_torchcap_graph", "_torchcap_keywords",
                                                     "_torchcap_attributes", "in_spec", "out_spec",
                                                     "_torchcap_call_structure"}
-    other = torchcap.trace(m, (x,))
     assert type(other) is not type(gm) and type(other)._wrapped_call is not type(gm)._wrapped_call
     assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
     assert all(gm.get_parameter(k) is p for k, p in m.named_parameters())
@@ -770,6 +770,71 @@ def test_graph_made_on_first_use(tmp_path, first_use):
     assert gm.code == made_now.python_code("self").src
     assert _node_facts(gm.graph)[0] == _node_facts(made_now)[0]
     assert_tree_equal(gm(*args), m(*args))
+
+
+@pytest.mark.parametrize("first_use", ["call", "attribute", "named_parameters", "state_dict",
+                                       "set_module", "set_parameter", "set_buffer", "delete",
+                                       "to", "deepcopy", "pickle", "save"])
+def test_attributes_attached_on_first_use(tmp_path, first_use):
+    # A traced module holds its tensors in its C++ graph until something
+    # needs them as attributes; each such use finds them where torch.fx's
+    # constructor puts them, and saving or pickling needs none.
+    m = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    gm = torchcap.trace(m, (x,))
+    assert not {"_parameters", "_buffers", "_modules"} & vars(gm).keys()
+    expected = dict(m.named_parameters())
+    # The buffers the program read (num_batches_tracked is not read in eval mode).
+    traced = [name for name, _, _ in gm._torchcap_graph.attributes()]
+    buffers = dict(m.named_buffers())
+    if first_use == "call":
+        torch.testing.assert_close(gm(x), m(x))
+    elif first_use == "attribute":
+        assert gm.get_submodule("layer1.0.conv1").weight is m.layer1[0].conv1.weight
+    elif first_use == "named_parameters":
+        assert {k: v for k, v in gm.named_parameters()} == expected
+        assert {k: v for k, v in gm.named_buffers()} == {k: buffers[k] for k in traced
+                                                           if k not in expected}
+    elif first_use == "state_dict":
+        assert list(gm.state_dict().keys()) == traced
+    elif first_use == "set_module":
+        gm.extra = nn.Linear(2, 2)
+        assert gm._modules["extra"] is gm.extra and "layer1" in gm._modules
+        expected.update({f"extra.{k}": v for k, v in gm.extra.named_parameters()})
+    elif first_use == "set_parameter":
+        gm.scale = nn.Parameter(torch.ones(1))
+        assert gm._parameters["scale"] is gm.scale and "layer1" in gm._modules
+        expected["scale"] = gm.scale
+    elif first_use == "set_buffer":
+        gm.get_submodule("layer1.0.bn1").running_mean = torch.zeros(64)
+        assert gm.state_dict()["layer1.0.bn1.running_mean"].eq(0).all()
+    elif first_use == "delete":
+        del gm.fc
+        assert "fc" not in gm._modules
+        expected = {k: v for k, v in expected.items() if not k.startswith("fc.")}
+    elif first_use == "to":
+        gm.to(torch.float64)
+        expected = {k: v.double() for k, v in expected.items()}
+    elif first_use == "deepcopy":
+        copied = copy.deepcopy(gm)
+        assert "_modules" not in vars(gm)
+        torch.testing.assert_close(copied(x), m(x))
+    elif first_use == "pickle":
+        unpickled = pickle.loads(pickle.dumps(gm))
+        assert "_modules" not in vars(gm)
+        torch.testing.assert_close(unpickled(x), m(x))
+    else:
+        torchcap.save(gm, tmp_path / "m.tcg")
+        assert "_modules" not in vars(gm)
+        torch.testing.assert_close(torchcap.load(tmp_path / "m.tcg")(x), m(x))
+    params = dict(gm.named_parameters())
+    assert params.keys() == expected.keys()
+    assert all(torch.equal(params[k], v) for k, v in expected.items())
+    if first_use not in ("to", "delete"):
+        torch.testing.assert_close(gm(x), m(x))
+    # Once attached and with its graph made, the module's class does nothing lazily.
+    gm.graph  # noqa: B018
+    assert "__getattr__" not in vars(type(gm)) and "__setattr__" not in vars(type(gm))
 
 
 def test_pickled_like_a_torch_fx_module(tmp_path):
