@@ -72,8 +72,12 @@ struct PythonSource::Cache {
   std::unordered_map<std::vector<FrameKey>, StackTrace, StackKeyHash> stacks;
   // Note [Module stacks cached across traces].
   std::unordered_map<std::vector<PyObject*>, CachedModuleStack, ModulesHash> module_stacks;
+  struct ModuleText {
+    std::string path, type;
+  };
+  ska::flat_hash_map<PyObject*, ModuleText> module_texts;  // as last traced
+  uint64_t generation = 0;
   int users = 0;  // PythonSources using it
-  uint64_t traces = 0;  // PythonSources made with it: each one's serial
 };
 
 PythonSource::PythonSource(std::vector<std::string> internal_dirs, py::object boundary)
@@ -83,12 +87,12 @@ PythonSource::PythonSource(std::vector<std::string> internal_dirs, py::object bo
   static auto* shared = new std::shared_ptr<Cache>();
   std::shared_ptr<Cache>& c = *shared;
   if (!c || c->internal_dirs != internal_dirs ||
-      (c->users == 0 && std::max(c->stacks.size(), c->module_stacks.size()) >= kMaxCachedStacks)) {
+      (c->users == 0 && std::max({c->stacks.size(), c->module_stacks.size(),
+                                  c->module_texts.size()}) >= kMaxCachedStacks)) {
     c = std::make_shared<Cache>(std::move(internal_dirs));
   }
   cache_ = c;
   ++cache_->users;
-  serial_ = ++cache_->traces;
 }
 
 PythonSource::~PythonSource() {
@@ -152,8 +156,8 @@ const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& m
   auto it = cache_->module_stacks.find(modules);
   if (it != cache_->module_stacks.end()) {
     CachedModuleStack& cached = it->second;
-    if (cached.checked_by == serial_ || describes(cached.stack, modules)) {
-      cached.checked_by = serial_;
+    if (cached.generation == cache_->generation || describes(cached.stack, modules)) {
+      cached.generation = cache_->generation;
       return cached.stack;
     }
   }
@@ -163,7 +167,7 @@ const ModuleStack& PythonSource::module_stack_of(const std::vector<PyObject*>& m
     ModuleText text = module_text(modules, i);
     frames.push_back(ModuleFrame{text.path, text.type});
   }
-  CachedModuleStack fresh{ModuleStack(std::move(frames)), serial_};
+  CachedModuleStack fresh{ModuleStack(std::move(frames)), cache_->generation};
   if (it != cache_->module_stacks.end()) {
     it->second = std::move(fresh);
     return it->second.stack;
@@ -272,6 +276,16 @@ void PythonSource::set_modules(py::list given) {
     // module_frame reads them as UTF-8, which a str holds once asked.
     for (int j : {1, 2}) {
       if (PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, j)) == nullptr) throw py::error_already_set();
+    }
+    // A module address seen before with another path or class: cached
+    // stacks holding it are checked again (Note [Module stacks cached across
+    // traces]). One never seen is on no cached stack.
+    const char* path = PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 1));
+    const char* type = PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 2));
+    auto [known, added] = cache_->module_texts.emplace(PyTuple_GET_ITEM(entry, 0), Cache::ModuleText{});
+    if (added || known->second.path != path || known->second.type != type) {
+      known->second = Cache::ModuleText{path, type};
+      if (!added) ++cache_->generation;
     }
     if (PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(entry, 1)) == 0) {
       root_ = i;

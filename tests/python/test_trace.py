@@ -436,6 +436,37 @@ def test_module_stacks_follow_renamed_and_reclassed_modules():
     assert tanh_stack()["body"] == ("body", f"{__name__}.{Renamed.__qualname__}")
 
 
+def test_module_stacks_of_a_module_two_models_share():
+    # One module object under two paths, in two models: each trace names its
+    # own, traced in turn and from two threads at once.
+    shared = Block()
+    a = nn.Sequential(shared, nn.ReLU())
+    b = nn.Sequential(nn.ReLU(), nn.Sequential(shared))
+    x = torch.randn(1, 3, 8, 8)
+
+    def tanh_stack(model):
+        gm = torchcap.trace(model, (x,))
+        return list(next(n for n in gm.graph.nodes
+                         if n.target == torch.ops.aten.tanh.default).meta["nn_module_stack"])
+
+    for _ in range(3):
+        assert tanh_stack(a) == ["", "0"]
+        assert tanh_stack(b) == ["", "1", "1.0"]
+    stacks = {"a": [], "b": []}
+
+    def work(name, model):
+        for _ in range(20):
+            stacks[name].append(tanh_stack(model))
+
+    threads = [threading.Thread(target=work, args=item) for item in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert stacks == {"a": [["", "0"]] * 20, "b": [["", "1", "1.0"]] * 20}
+    assert tanh_stack(a) == ["", "0"]
+
+
 def test_module_list_of_other_types_is_refused():
     m = nn.Linear(2, 2)
     args = (m, [], [], (torch.randn(1, 2),), {}, False, False, None, False, False, True,
