@@ -6,6 +6,7 @@ module with its fx nodes and code made, as make_fx returns it) and with make_fx 
 ((trace - eager) / nodes of torchcap's graph, get_attr nodes included, as the
 C++ benchmark counts) and the ratio of make_fx's overhead to
 torchcap's. Times are medians of several runs, in one process, one thread.
+Last, what a trace costs whatever the program does (fixed_cost).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_trace_bench.py
 """
@@ -136,12 +137,41 @@ def bench(name, model, x, runs, make_fx_runs):
     print(f"  make_fx overhead / torchcap overhead, per row above: {ratios}; CPU time: {cpu_ratios}")
 
 
+def fixed_cost(model, x, runs=31):
+    """What a trace costs whatever the program does: _C.trace of x.relu()
+    alone, right after a collection (as bench() times every run) and in a
+    warm loop; with the module's parameters and buffers given to it (none is
+    used); and x.relu() itself right after a collection."""
+    parameters, buffers, modules = _trace._module_contents(model, True)
+
+    def relu(t):
+        return t.relu()
+
+    def trivial(params, bufs):
+        return _trace._C.trace(relu, params, bufs, (x,), {}, False, False, None, False, False,
+                               True, _trace._INTERNAL_DIRS, [])
+
+    rows = [("trace of x.relu(), cold", lambda: trivial([], [])),
+            ("the same given the model's parameters and buffers",
+             lambda: trivial(parameters, buffers)),
+            ("x.relu() itself, cold", lambda: x.relu())]
+    times = [statistics.median(timed(fn)[0] for _ in range(runs)) for _, fn in rows]
+    start = time.perf_counter()
+    for _ in range(runs * 10):
+        trivial([], [])
+    warm = (time.perf_counter() - start) / (runs * 10)
+    print("  fixed cost of a trace: " + ", ".join(
+        f"{label} {t * 1e3:.3f} ms" for (label, _), t in zip(rows, times)) +
+          f"; trace of x.relu() in a warm loop {warm * 1e3:.3f} ms")
+
+
 def main():
     mlp = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(64, 64), nn.ReLU())])
     bench("MLP 200 x (Linear 64 + ReLU), batch 1", mlp, torch.randn(1, 64), runs=21,
           make_fx_runs=5)
-    bench("ResNet-18, 1x3x32x32", torchvision.models.resnet18(), torch.randn(1, 3, 32, 32),
-          runs=31, make_fx_runs=5)
+    resnet, x = torchvision.models.resnet18(), torch.randn(1, 3, 32, 32)
+    bench("ResNet-18, 1x3x32x32", resnet, x, runs=31, make_fx_runs=5)
+    fixed_cost(resnet, x)
 
 
 if __name__ == "__main__":
