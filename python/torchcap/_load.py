@@ -30,6 +30,7 @@ import os
 import re
 import stat
 import struct
+import threading
 import zlib
 
 import torch
@@ -1226,8 +1227,20 @@ def _refuse_pickling(self):
                 "arguments it takes. Save it with torchcap.save and read it with torchcap.load")
 
 
+# Note [First use from several threads]
+# What a module makes on first use (its code here; a traced module's graph
+# and attribute submodules, Note [Graph made on first use] in _trace.py)
+# is made under this lock, and the code made once: threads calling a new
+# module at once would otherwise each generate it, replacing the class's
+# forward and graph under one another (wrong code, unbound locals, runaway
+# recursion). Reentrant: making the code makes the graph, which sets it.
+_FIRST_USE_LOCK = threading.RLock()
+
+
 def _forward_after_generating_code(self, *args, **kwargs):
-    self.recompile()  # replaces forward
+    with _FIRST_USE_LOCK:
+        if type(self).__dict__.get("forward") is _forward_after_generating_code:
+            self.recompile()  # replaces forward
     return self.forward(*args, **kwargs)
 
 
@@ -1235,9 +1248,10 @@ def _forward_after_generating_code(self, *args, **kwargs):
 # where pickling a GraphModule looks for it (the property, a data
 # descriptor, takes precedence over that entry for attribute lookups).
 def _generated_code(self):
-    if "_code" not in self.__dict__:
-        self.recompile()
-    return self.__dict__["_code"]
+    with _FIRST_USE_LOCK:
+        if "_code" not in self.__dict__:
+            self.recompile()
+        return self.__dict__["_code"]
 
 
 def _set_generated_code(self, src):

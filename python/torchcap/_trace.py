@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 from torch.fx.graph_module import _WrappedCall
 
 from torchcap._errors import Error, InputError, TraceError
-from torchcap._load import (TorchcapCodeGen, _Spec, _cyclic_gc_paused,
+from torchcap._load import (_FIRST_USE_LOCK, TorchcapCodeGen, _Spec, _cyclic_gc_paused,
                             _forward_after_generating_code, _generated_code,
                             _refuse_pickling, _refuse_unbound_weights, _set_generated_code,
                             _set_graph_generating_code_later)
@@ -499,23 +499,30 @@ _ATTRIBUTE_CONTAINERS = ("_parameters", "_buffers", "_modules")
 
 
 def _attach_attributes(gm):
+    """Attaches the traced tensors if not yet; under _FIRST_USE_LOCK."""
     d = gm.__dict__
-    if not d.pop("_torchcap_unattached", False):
+    if not d.get("_torchcap_unattached", False):
         return
+    # Made in a module of their own, then given to gm with the rest of its
+    # __dict__ in one step: a thread reading gm's attributes without
+    # reaching __getattr__ sees them all or none (Note [First use from
+    # several threads] in _load.py). The module's own parameters and buffers
+    # (the same objects), except buffers the program wrote, of which the
+    # graph keeps the values from before the trace (the trace ran the
+    # program, which updated the module's own).
+    holder = _new_module()
+    listed = d["_torchcap_graph"].attach_attributes(holder, _new_module)
     # In the order of a module made with them (vars(gm) as torch.fx makes it).
-    fresh, rest = vars(_new_module()), dict(d)
-    d.clear()
-    for key, value in fresh.items():
+    attached = {}
+    for key, value in vars(holder).items():
         if key in _ATTRIBUTE_CONTAINERS:
-            d[key] = value
-        elif key in rest:
-            d[key] = rest.pop(key)
-    d.update(rest)
-    # The module's own parameters and buffers (the same objects), except
-    # buffers the program wrote, of which the graph keeps the values from
-    # before the trace (the trace ran the program, which updated the
-    # module's own).
-    d["_torchcap_attributes"] = d["_torchcap_graph"].attach_attributes(gm, _new_module)
+            attached[key] = value
+        elif key in d:
+            attached[key] = d[key]
+    attached.update((k, v) for k, v in d.items() if k not in attached)
+    del attached["_torchcap_unattached"]
+    attached["_torchcap_attributes"] = listed
+    object.__setattr__(gm, "__dict__", attached)
     _settle(gm)
 
 
@@ -658,22 +665,21 @@ def _traced_module_maker():
 
 
 def _getattr_of_traced(self, name):
-    d = self.__dict__
-    if d.get("_torchcap_unattached", False):
+    # Note [First use from several threads] in _load.py.
+    with _FIRST_USE_LOCK:
         _attach_attributes(self)
-        if name in d:
-            return d[name]
-    if name == "_graph":
-        build = d.pop("_torchcap_build_graph", None)
-        if build is not None:
-            _set_graph_generating_code_later(self, build())
+        if name == "_graph" and "_torchcap_build_graph" in self.__dict__:
+            _set_graph_generating_code_later(self, self.__dict__["_torchcap_build_graph"]())
+            del self.__dict__["_torchcap_build_graph"]
             _settle(self)
-            return d["_graph"]
+        if name in self.__dict__:
+            return self.__dict__[name]
     return torch.nn.Module.__getattr__(self, name)
 
 
 def _setattr_of_traced(self, name, value):
-    _attach_attributes(self)
+    with _FIRST_USE_LOCK:
+        _attach_attributes(self)
     torch.nn.Module.__setattr__(self, name, value)
 
 

@@ -691,6 +691,42 @@ def test_threads_trace_at_once():
             assert any("nn_module_stack" in n.meta for n in gm.graph.nodes)
 
 
+@pytest.mark.parametrize("made_by", ["trace", "load"])
+def test_first_use_from_several_threads(tmp_path, made_by):
+    # Note [First use from several threads]: threads calling a new module at
+    # once, and listing its parameters, each see it whole; its graph,
+    # attributes and code are made once.
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 4), nn.Tanh())).eval()
+    x = torch.randn(2, 8)
+    expected = m(x)
+    torchcap.save(torchcap.trace(m, (x,)), tmp_path / "m.tcg")
+    failures = []
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between nearly every bytecode
+    try:
+        for _ in range(40):
+            gm = torchcap.trace(m, (x,)) if made_by == "trace" else torchcap.load(tmp_path / "m.tcg")
+            start = threading.Barrier(4)
+
+            def work(i, gm=gm, start=start):
+                try:
+                    start.wait()
+                    if i % 2:
+                        assert len(dict(gm.named_parameters())) == 4
+                    torch.testing.assert_close(gm(x), expected)
+                except Exception as e:  # noqa: BLE001 -- every failure is reported below
+                    failures.append(f"{type(e).__name__}: {e}")
+
+            threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(switching)
+    assert failures == []
+
+
 # --- Save, then run in C++ ----------------------------------------------------------------------
 
 def test_save_then_load_in_python(tmp_path):
