@@ -486,13 +486,14 @@ def _to_fx(graph, kwargs, checked=True):
 # a fifth of a ResNet-18 trace's overhead (60 modules, 0.17 ms at 32x32, and
 # a collection walking them afterwards), and a module traced to be saved or
 # run in C++ never needs them. So a traced module starts without its
-# `_parameters`, `_buffers` and `_modules`: everything nn.Module does reads
-# them as attributes (named_parameters, state_dict, to, the generated
+# `_parameters`, `_buffers` and `_modules`: nearly everything nn.Module does
+# reads them as attributes (named_parameters, state_dict, to, the generated
 # forward's self.layer1), which reaches the class's __getattr__ since they
-# are not in the instance's __dict__, and it attaches the tensors first. nn.Module's
-# __setattr__ reads the instance's __dict__ directly, so the class's
-# __setattr__ attaches them first too. Once they are attached and the graph
-# made (Note [Graph made on first use]), both leave the class. Saving and
+# are not in the instance's __dict__, and it attaches the tensors first.
+# nn.Module's __setattr__, register_buffer and register_parameter read the
+# instance's __dict__ directly, so the class's own attach them first too
+# (_ATTACHING_METHODS). Once they are attached and the graph made (Note
+# [Graph made on first use]), these leave the class. Saving and
 # pickling an unattached module read the tensors from the C++ graph, which
 # holds the same ones.
 _ATTRIBUTE_CONTAINERS = ("_parameters", "_buffers", "_modules")
@@ -527,12 +528,13 @@ def _attach_attributes(gm):
 
 
 def _settle(gm):
-    """Removes the class's lazy __getattr__ and __setattr__ once nothing is left to make."""
+    """Removes the class's lazy methods once nothing is left to make."""
     d, cls = gm.__dict__, type(gm)
     if "_torchcap_unattached" in d:
         return
-    if cls.__dict__.get("__setattr__") is _setattr_of_traced:
-        del cls.__setattr__
+    for name, method in _ATTACHING_METHODS.items():
+        if cls.__dict__.get(name) is method:
+            delattr(cls, name)
     if "_torchcap_build_graph" not in d and cls.__dict__.get("__getattr__") is _getattr_of_traced:
         del cls.__getattr__
 
@@ -598,7 +600,7 @@ def _set_graph_built_later(gm, build):
 
 def _traced_class_attributes():
     """What _set_graph_built_later sets on a traced module's class."""
-    attributes = {"__getattr__": _getattr_of_traced, "__setattr__": _setattr_of_traced,
+    attributes = {"__getattr__": _getattr_of_traced, **_ATTACHING_METHODS,
                   "__deepcopy__": _deepcopy_traced(torch.fx.GraphModule.__deepcopy__),
                   "__reduce__": _reduce_traced,
                   "forward": _forward_after_generating_code,
@@ -677,10 +679,22 @@ def _getattr_of_traced(self, name):
     return torch.nn.Module.__getattr__(self, name)
 
 
-def _setattr_of_traced(self, name, value):
-    with _FIRST_USE_LOCK:
-        _attach_attributes(self)
-    torch.nn.Module.__setattr__(self, name, value)
+def _attaching_first(method):
+    """nn.Module's `method`, which reads the module's __dict__ directly,
+    after attaching the traced tensors (Note [Attributes attached on first use])."""
+    def attaching(self, *args, **kwargs):
+        with _FIRST_USE_LOCK:
+            _attach_attributes(self)
+        return method(self, *args, **kwargs)
+    attaching.__name__, attaching.__qualname__ = method.__name__, method.__qualname__
+    attaching.__doc__ = method.__doc__
+    return attaching
+
+
+# nn.Module's methods that read the containers from __dict__ itself: a
+# traced module's class has them attach the tensors first, until attached.
+_ATTACHING_METHODS = {name: _attaching_first(getattr(torch.nn.Module, name))
+                      for name in ("__setattr__", "register_buffer", "register_parameter")}
 
 
 def _after_making_code(method):

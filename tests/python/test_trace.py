@@ -840,7 +840,8 @@ def test_graph_made_on_first_use(tmp_path, first_use):
 
 
 @pytest.mark.parametrize("first_use", ["call", "attribute", "named_parameters", "state_dict",
-                                       "set_module", "set_parameter", "set_buffer", "delete",
+                                       "set_module", "set_parameter", "set_buffer",
+                                       "register_parameter", "register_buffer", "delete",
                                        "to", "deepcopy", "pickle", "save"])
 def test_attributes_attached_on_first_use(tmp_path, first_use):
     # A traced module holds its tensors in its C++ graph until something
@@ -872,6 +873,13 @@ def test_attributes_attached_on_first_use(tmp_path, first_use):
         gm.scale = nn.Parameter(torch.ones(1))
         assert gm._parameters["scale"] is gm.scale and "layer1" in gm._modules
         expected["scale"] = gm.scale
+    elif first_use == "register_parameter":
+        gm.register_parameter("scale", nn.Parameter(torch.ones(1)))
+        assert gm._parameters["scale"] is gm.scale and "layer1" in gm._modules
+        expected["scale"] = gm.scale
+    elif first_use == "register_buffer":
+        gm.register_buffer("step", torch.zeros(1))
+        assert gm._buffers["step"] is gm.step and "layer1" in gm._modules
     elif first_use == "set_buffer":
         gm.get_submodule("layer1.0.bn1").running_mean = torch.zeros(64)
         assert gm.state_dict()["layer1.0.bn1.running_mean"].eq(0).all()
@@ -901,7 +909,8 @@ def test_attributes_attached_on_first_use(tmp_path, first_use):
         torch.testing.assert_close(gm(x), m(x))
     # Once attached and with its graph made, the module's class does nothing lazily.
     gm.graph  # noqa: B018
-    assert "__getattr__" not in vars(type(gm)) and "__setattr__" not in vars(type(gm))
+    assert not {"__getattr__", "__setattr__", "register_buffer",
+                "register_parameter"} & vars(type(gm)).keys()
 
 
 def test_pickled_like_a_torch_fx_module(tmp_path):
