@@ -13,6 +13,7 @@
 #include <c10/util/flat_hash_map.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -21,6 +22,10 @@
 
 namespace torchcap {
 namespace detail {
+
+// What the tracer derives once per operator and trace (dispatch.cpp, Note
+// [Operator facts, looked up once]).
+struct OperatorFacts;
 
 // A named tensor of the traced module: a parameter or a buffer. `name`
 // points into the ModuleState the trace was given, which outlives it.
@@ -75,6 +80,12 @@ class TraceState {
   // tensor holding `value` as that node's result.
   at::Tensor attribute_tensor(const std::string& name, const at::Tensor& value, AttributeKind kind);
 
+  // The facts of the operator with `schema`, null until the tracer derives
+  // them (Note [Operator facts, looked up once] in dispatch.cpp).
+  std::shared_ptr<const OperatorFacts>& facts(const c10::FunctionSchema* schema) {
+    return facts_[schema];
+  }
+
   // While set, nodes take their stack trace from `origin` instead of
   // capturing one: a re-trace keeps the first trace's metadata.
   void set_origin(const Node* origin) { origin_ = origin; }
@@ -121,6 +132,8 @@ class TraceState {
   // Meta stand-ins of plain tensors, beside a strong reference to each.
   std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> stand_ins_;
   std::unordered_set<std::string> preserve_;
+  // Held as shared_ptr: OperatorFacts is complete in dispatch.cpp only.
+  ska::flat_hash_map<const c10::FunctionSchema*, std::shared_ptr<const OperatorFacts>> facts_;
   int64_t next_constant_ = 0;
   const Node* origin_ = nullptr;
 };
