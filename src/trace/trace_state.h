@@ -81,7 +81,8 @@ class TraceState {
   at::Tensor attribute_tensor(const std::string& name, const at::Tensor& value, AttributeKind kind);
 
   // The facts of the operator with `schema`, null until the tracer derives
-  // them (Note [Operator facts, looked up once] in dispatch.cpp).
+  // them (Note [Operator facts, looked up once] in dispatch.cpp). The slot
+  // is valid until the next call; the facts it points to, for the trace.
   std::shared_ptr<const OperatorFacts>& facts(const c10::FunctionSchema* schema) {
     return facts_[schema];
   }
