@@ -6,7 +6,8 @@ module with its fx nodes and code made, as make_fx returns it) and with make_fx 
 ((trace - eager) / nodes of torchcap's graph, get_attr nodes included, as the
 C++ benchmark counts) and the ratio of make_fx's overhead to
 torchcap's. Times are medians of several runs, in one process, one thread.
-Last, what a trace costs whatever the program does (fixed_cost).
+Last, for ResNet-18, torchcap.trace's parts timed apart (parts) and what a
+trace costs whatever the program does (fixed_cost).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_trace_bench.py
 """
@@ -85,7 +86,7 @@ def cpp_graph(model, x, record_stack_traces):
                            record_stack_traces, _trace._INTERNAL_DIRS, modules)
 
 
-def bench(name, model, x, runs, make_fx_runs):
+def bench(name, model, x, runs, make_fx_runs, with_parts=False):
     model.eval()
     gm = torchcap.trace(model, (x,))
     ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
@@ -115,6 +116,7 @@ def bench(name, model, x, runs, make_fx_runs):
             # (torchcap.trace defers both to first use).
             ("torchcap.trace, then its graph and code", traced_with_code)]
     eager_time, times, excess, cpu_excess = paired(eager, [fn for _, fn in rows], runs)
+    parts_line = parts(model, x) if with_parts else None
     _, mfx_time, mfx_excess, mfx_cpu_excess = paired(eager, [run_make_fx], make_fx_runs)
     rows.append(("make_fx (real mode)", None))
     times += mfx_time
@@ -135,6 +137,8 @@ def bench(name, model, x, runs, make_fx_runs):
     ratios = ", ".join(f"{per_node[mfx] / per_node[i]:.0f}x" for i in range(mfx))
     cpu_ratios = ", ".join(f"{cpu_per_node[mfx] / cpu_per_node[i]:.0f}x" for i in range(mfx))
     print(f"  make_fx overhead / torchcap overhead, per row above: {ratios}; CPU time: {cpu_ratios}")
+    if parts_line:
+        print(parts_line)
 
 
 def fixed_cost(model, x, runs=31):
@@ -165,12 +169,59 @@ def fixed_cost(model, x, runs=31):
           f"; trace of x.relu() in a warm loop {warm * 1e3:.3f} ms")
 
 
+def parts(model, x, runs=31):
+    """torchcap.trace's parts over eager, timed inside a copy of its steps
+    run as the bench runs torchcap.trace (right after a trace and a
+    collection): listing the module's parameters, buffers and submodules,
+    the C++ trace given that listing (less the eager time of the same
+    round), and the torch.fx module made around its graph. Medians; the
+    README's table of where ResNet-18's overhead goes starts from these.
+    Timed before make_fx runs on the model: after them, the same parts
+    took up to 40% longer (make_fx leaves the process's memory otherwise
+    laid out)."""
+    model.eval()
+
+    def eager():
+        with torch.no_grad():
+            return model(x)
+
+    def steps(times):
+        start = time.perf_counter()
+        parameters, buffers, modules = _trace._module_contents(model, True)
+        listed = time.perf_counter()
+        with _trace._cyclic_gc_paused():
+            graph = _trace._C.trace(model, parameters, buffers, (x,), {}, False, False, None,
+                                    False, False, True, _trace._INTERNAL_DIRS, modules)
+            traced = time.perf_counter()
+            gm = _trace._to_fx(graph, {})
+            done = time.perf_counter()
+        times.append((listed - start, traced - listed, done - traced))
+        return gm
+
+    listing, trace, fx = [], [], []
+    for _ in range(runs):
+        eager_time = timed(eager)[0]
+        times = []
+        steps([])
+        gc.collect()
+        steps(times)
+        gc.collect()
+        (a, b, c), = times
+        listing.append(a)
+        trace.append(b - eager_time)
+        fx.append(c)
+    return ("  parts of torchcap.trace over eager: listing the module "
+            f"{statistics.median(listing) * 1e3:.3f} ms, the C++ trace "
+            f"{statistics.median(trace) * 1e3:.3f} ms, the torch.fx module "
+            f"{statistics.median(fx) * 1e3:.3f} ms")
+
+
 def main():
     mlp = nn.Sequential(*[m for _ in range(200) for m in (nn.Linear(64, 64), nn.ReLU())])
     bench("MLP 200 x (Linear 64 + ReLU), batch 1", mlp, torch.randn(1, 64), runs=21,
           make_fx_runs=5)
     resnet, x = torchvision.models.resnet18(), torch.randn(1, 3, 32, 32)
-    bench("ResNet-18, 1x3x32x32", resnet, x, runs=31, make_fx_runs=5)
+    bench("ResNet-18, 1x3x32x32", resnet, x, runs=31, make_fx_runs=5, with_parts=True)
     fixed_cost(resnet, x)
 
 
