@@ -209,8 +209,11 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     if preserve is not None:
         preserve = [_operator_name(op) for op in preserve]
     out_spec = []
+    named = _holds_named_tuple((args, kwargs))
 
     def call(*a, **k):
+        if named:  # Note [Named tuples]
+            a, k = _with_named_tuples(args, a), _with_named_tuples(kwargs, k)
         out = f(*a, **k)
         out_spec.append(_LEAF_SPEC if isinstance(out, torch.Tensor) else pytree.tree_flatten(out)[1])
         return out
@@ -237,7 +240,49 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     in_spec, structure = _argument_specs(args, kwargs)
     gm.__dict__.update(in_spec=in_spec, out_spec=out_spec[0] if out_spec else None,
                        _torchcap_call_structure=structure)
+    if out_spec and _spec_holds_named_tuple(out_spec[0]):
+        gm.__dict__["_torchcap_named_result"] = True
     return gm
+
+
+# Note [Named tuples]
+# The C++ tracer hands the program its arguments through IValues, whose
+# tuples have no names, and the graph's results are built from the C++
+# graph's output structure, which has none either: a namedtuple argument
+# reached the program as a plain tuple (`p.a` failed), and a namedtuple
+# result came back from the traced module as a plain tuple. The pytree specs
+# keep the types, and torch's pytree flattens a named tuple as its fields in
+# order, the leaves of the plain tuple in its place. So the program's
+# arguments get their types back from the traced arguments, and a traced
+# module whose result holds a named tuple rebuilds it from out_spec after
+# each call (_CheckedCall). A .tcg file has no named tuples: torchcap.load
+# and C++ give plain tuples in their place.
+
+def _holds_named_tuple(value):
+    if pytree._is_namedtuple_instance(value):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_named_tuple(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_named_tuple(v) for v in value.values())
+    return False
+
+
+def _spec_holds_named_tuple(spec):
+    return spec.type is collections.namedtuple or any(
+        _spec_holds_named_tuple(c) for c in spec.children_specs)
+
+
+def _with_named_tuples(like, value):
+    """`value`, which has `like`'s structure with plain tuples, with the named
+    tuple types `like` has in the same places."""
+    if pytree._is_namedtuple_instance(like):
+        return type(like)(*(_with_named_tuples(l, v) for l, v in zip(like, value)))
+    if isinstance(like, (tuple, list)):
+        return type(value)(_with_named_tuples(l, v) for l, v in zip(like, value))
+    if isinstance(like, dict):
+        return {k: _with_named_tuples(like[k], v) for k, v in value.items()}
+    return value
 
 
 # Note [Specs of tensor arguments]
@@ -318,7 +363,10 @@ class _CheckedCall:
         spec = getattr(obj, "in_spec", None)
         if spec is not None and not _fits(spec, (args, kwargs)):
             args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
-        return self.wrapped(obj, *args, **kwargs)
+        result = self.wrapped(obj, *args, **kwargs)
+        if obj.__dict__.get("_torchcap_named_result"):  # Note [Named tuples]
+            result = pytree.tree_unflatten(pytree.tree_flatten(result)[0], obj.out_spec)
+        return result
 
 
 def _bound_as_traced(gm, spec, args, kwargs):
@@ -715,7 +763,7 @@ def _after_making_code(method):
 # graph was edited since the trace has no C++ graph of its code, and the
 # torch.fx way would be wrong: refused (_refuse_pickling).
 _KEPT_WHEN_PICKLED = ("in_spec", "out_spec", "_torchcap_call_structure", "training",
-                      "training_signature")
+                      "training_signature", "_torchcap_named_result")
 
 
 def _reduce_traced(self):

@@ -169,6 +169,47 @@ def test_nested_pytrees_and_kwargs():
     assert gm.out_spec.num_leaves == 4
 
 
+Pair = collections.namedtuple("Pair", "first second")
+
+
+class NamedTuples(nn.Module):
+    """A named tuple in, read by field name; named tuples out, one nested."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, pair, *, extra):
+        h = self.fc(pair.first) + pair.second
+        return Pair(h, {"inner": Pair(h * 2, extra.second), "plain": (h,)})
+
+
+def test_named_tuples_in_and_out(tmp_path):
+    m = NamedTuples()
+    pair, extra = Pair(torch.randn(2, 4), torch.randn(4)), Pair(None, torch.randn(3))
+    gm = check_model(m, (pair,), {"extra": extra})  # the program reads pair.first
+    assert type(gm(pair, extra=extra)) is Pair  # check_model compared types too
+    # Other values of the same structure; a plain tuple in its place is refused.
+    pair2 = Pair(torch.randn(2, 4), torch.randn(4))
+    with torch.no_grad():
+        assert_tree_equal(gm(pair2, extra=extra), m(pair2, extra=extra))
+    with pytest.raises(torchcap.InputError, match=r"Pair\(Tensor, Tensor\)"):
+        gm(tuple(pair2), extra=extra)
+    # Kept by pickling and exporting.
+    with torch.no_grad():
+        assert_tree_equal(pickle.loads(pickle.dumps(gm))(pair2, extra=extra),
+                          m(pair2, extra=extra))
+        exported = torchcap.export(m, (pair,), {"extra": extra})
+        assert_tree_equal(exported(pair2, extra=extra), m(pair2, extra=extra))
+    # A .tcg file has no named tuples: loaded, plain tuples in their place
+    # (and the keywords one trailing dict, as torchcap.load gives them).
+    torchcap.save(gm, tmp_path / "named.tcg")
+    loaded = torchcap.load(tmp_path / "named.tcg")
+    result = loaded(tuple(pair2), {"extra": tuple(extra)})
+    assert type(result) is tuple and type(result[1]["inner"]) is tuple
+    torch.testing.assert_close(result[0], gm(pair2, extra=extra).first, rtol=0, atol=0)
+
+
 def test_call_with_another_argument_structure_is_a_clear_error():
     m = Nested()
     pair = (torch.randn(3, 8), {"bias": torch.randn(8)})
