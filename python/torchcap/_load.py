@@ -19,6 +19,7 @@ and each tensor is a view of the mapping, which stays open as long as a tensor
 uses it. Writing to a tensor changes this process's copy of the page only.
 """
 
+import collections
 import contextlib
 import gc
 import json
@@ -41,7 +42,7 @@ from torch.fx.immutable_collections import immutable_dict as _immutable_dict
 from torch.fx.immutable_collections import immutable_list as _immutable_list
 from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 
-from torchcap._errors import Error, WeightError
+from torchcap._errors import Error, InputError, WeightError
 from torchcap._format_tables import TABLES as _TABLES
 
 try:  # the compiled part reads the graph faster (Note [The graph read in C++])
@@ -1189,6 +1190,11 @@ class _Reader:
         gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
         if any(t is not None and t.is_meta for _, _, t in attributes):
             gm.register_forward_pre_hook(_refuse_unbound_weights)
+        gm._torchcap_inputs = [
+            _InputMeta(node.meta["tensor_meta"].dtype, tuple(node.meta["tensor_meta"].shape), None)
+            if isinstance(node.meta.get("tensor_meta"), _TensorMetadata) else None
+            for node in self.graph.nodes if node.op == "placeholder"]
+        gm.register_forward_pre_hook(_check_loaded_inputs)
         return gm
 
 
@@ -1533,10 +1539,58 @@ _SHORT_DTYPE_NAMES = {
 
 
 def _describe(t):
-    """f32[16, 8]; the device only when it is neither the CPU nor meta."""
+    """f32[16, 8]; the device only when it is known and neither the CPU nor meta."""
     name = str(t.dtype).replace("torch.", "")
     text = f"{_SHORT_DTYPE_NAMES.get(name, name)}[{', '.join(str(s) for s in t.shape)}]"
-    return text if t.device.type in ("cpu", "meta") else f"{text}@{t.device}"
+    device = t.device
+    return text if device is None or device.type in ("cpu", "meta") else f"{text}@{device}"
+
+
+# Note [Inputs of the traced shapes]
+# A graph holds the shapes its trace saw: a view to [2, -1] stays a view to
+# [2, -1] whatever the input. Called on inputs of other shapes, such a graph
+# computes something else without a word (a [5, 3, 4] input viewed as
+# [2, 30]). The C++ Interpreter refuses inputs whose dtype, shape or device
+# differ from the placeholders' (InputError); the Python modules torchcap
+# makes (traced, exported, loaded) refuse them the same way. A placeholder
+# recorded on the meta device takes an input on any device (a model traced
+# on meta tensors, then bound to weights), and a meta input goes anywhere.
+class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device")):
+    """What a graph input was traced with; device None: not recorded (files)."""
+
+    @staticmethod
+    def of(t):
+        return _InputMeta(t.dtype, tuple(t.shape), t.device)
+
+
+def _check_inputs(expected, leaves):
+    """InputError unless each tensor in `leaves` matches its `expected`
+    _InputMeta (None: not a tensor input). Note [Inputs of the traced shapes]."""
+    problems = []
+    for i, (want, got) in enumerate(zip(expected, leaves)):
+        if want is None or not isinstance(got, torch.Tensor):
+            continue
+        device_ok = (want.device is None or got.device == want.device or
+                     want.device.type == "meta" or got.is_meta)
+        if got.dtype != want.dtype or tuple(got.shape) != want.shape or not device_ok:
+            problems.append(f"\n  input {i}: expected {_describe(want)}, got {_describe(got)}")
+    if problems:
+        raise InputError("inputs do not match the graph:" + "".join(problems) +
+                         "\nA graph runs on inputs of the dtypes and shapes it was traced "
+                         "with; trace again for others")
+
+
+def _check_loaded_inputs(gm, args):
+    """Forward pre-hook of a loaded module: Note [Inputs of the traced shapes].
+    Arguments of another structure are left to forward, which fails on them."""
+    codegen = gm.graph._codegen
+    if not isinstance(codegen, TorchcapCodeGen):  # a graph set by the user since
+        return
+    try:
+        leaves = codegen.process_inputs(*args)
+    except (IndexError, KeyError, TypeError):
+        return
+    _check_inputs(gm._torchcap_inputs, leaves)
 
 
 def _dense(t):

@@ -22,7 +22,8 @@ import torch.utils._pytree as pytree
 from torch.fx.graph_module import _WrappedCall
 
 from torchcap._errors import Error, InputError, TraceError
-from torchcap._load import (_FIRST_USE_LOCK, TorchcapCodeGen, _Spec, _cyclic_gc_paused,
+from torchcap._load import (_FIRST_USE_LOCK, TorchcapCodeGen, _InputMeta, _Spec,
+                            _check_inputs, _cyclic_gc_paused,
                             _forward_after_generating_code, _generated_code,
                             _refuse_pickling, _refuse_unbound_weights, _set_generated_code,
                             _set_graph_generating_code_later)
@@ -242,6 +243,11 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
                        _torchcap_call_structure=structure)
     if out_spec and _spec_holds_named_tuple(out_spec[0]):
         gm.__dict__["_torchcap_named_result"] = True
+    # Note [Inputs of the traced shapes] in _load.py: checked on each call.
+    leaves = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else \
+        pytree.tree_flatten((args, kwargs))[0]
+    gm.__dict__["_torchcap_inputs"] = tuple(
+        _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in leaves)
     return gm
 
 
@@ -330,6 +336,21 @@ def _fits(spec, value):
             all(_fits(c, v) for c, v in zip(spec.children_specs, children)))
 
 
+def _spec_leaves(spec, value, out):
+    """The leaves of `value`, which fits pytree spec `spec`, in the spec's
+    order (a dict's in the traced call's key order, whatever the call's)."""
+    if isinstance(spec, pytree.LeafSpec):
+        out.append(value)
+        return out
+    if spec.type is dict:
+        children = [value[k] for k in spec.context]
+    else:
+        children = pytree.SUPPORTED_NODES[spec.type].flatten_fn(value)[0]
+    for child_spec, child in zip(spec.children_specs, children):
+        _spec_leaves(child_spec, child, out)
+    return out
+
+
 def _structure(value):
     """"Tensor", "(Tensor, [Tensor, int])", "{'mask': Tensor}": a value's
     structure, with the types of its leaves."""
@@ -363,6 +384,11 @@ class _CheckedCall:
         spec = getattr(obj, "in_spec", None)
         if spec is not None and not _fits(spec, (args, kwargs)):
             args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
+        inputs = obj.__dict__.get("_torchcap_inputs")
+        if inputs is not None:  # Note [Inputs of the traced shapes] in _load.py
+            tensors_only = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
+            _check_inputs(inputs, args if tensors_only or spec is None else
+                          _spec_leaves(spec, (args, kwargs), []))
         result = self.wrapped(obj, *args, **kwargs)
         if obj.__dict__.get("_torchcap_named_result"):  # Note [Named tuples]
             result = pytree.tree_unflatten(pytree.tree_flatten(result)[0], obj.out_spec)
@@ -763,7 +789,7 @@ def _after_making_code(method):
 # graph was edited since the trace has no C++ graph of its code, and the
 # torch.fx way would be wrong: refused (_refuse_pickling).
 _KEPT_WHEN_PICKLED = ("in_spec", "out_spec", "_torchcap_call_structure", "training",
-                      "training_signature", "_torchcap_named_result")
+                      "training_signature", "_torchcap_named_result", "_torchcap_inputs")
 
 
 def _reduce_traced(self):

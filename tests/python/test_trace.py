@@ -336,7 +336,7 @@ def test_traced_module_is_made_as_graph_module_makes_it():
     assert vars(type(other)).keys() == vars(type(slow)).keys()
     assert vars(gm).keys() - vars(slow).keys() == {"_torchcap_graph", "_torchcap_keywords",
                                                     "_torchcap_attributes", "in_spec", "out_spec",
-                                                    "_torchcap_call_structure"}
+                                                    "_torchcap_call_structure", "_torchcap_inputs"}
     assert type(other) is not type(gm) and type(other)._wrapped_call is not type(gm)._wrapped_call
     assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
     assert all(gm.get_parameter(k) is p for k, p in m.named_parameters())
@@ -681,6 +681,40 @@ def test_wrong_inputs_to_the_graph():
     gm = torchcap.trace(lambda p: p[0] + p[1], ((torch.ones(2), torch.ones(2)),))
     with pytest.raises(Exception):
         gm((torch.ones(2),))
+
+
+@pytest.mark.parametrize("made_by", ["trace", "export", "load"])
+def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
+    # The graph holds the traced shapes: view(2, -1) stays that, and on a
+    # [5, 3, 4] input would give a [2, 30] result without a word.
+    def f(x, *, scale):
+        return x.view(x.shape[0], -1) * scale
+
+    x, scale = torch.randn(2, 3, 4), torch.randn(12)
+    gm = (torchcap.export if made_by == "export" else torchcap.trace)(f, (x,), {"scale": scale})
+    call = gm
+    if made_by == "load":
+        torchcap.save(gm, tmp_path / "f.tcg")
+        loaded = torchcap.load(tmp_path / "f.tcg")
+
+        def call(x, *, scale):
+            return loaded(x, {"scale": scale})
+    expected = f(x, scale=scale)
+    torch.testing.assert_close(call(x, scale=scale), expected, rtol=0, atol=0)
+    other = torch.randn(5, 3, 4)
+    with pytest.raises(torchcap.InputError, match=r"input 0: expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
+        call(other, scale=scale)
+    with pytest.raises(torchcap.InputError, match=r"input 1: expected f32\[12\], got f64\[12\]"):
+        call(x, scale=scale.double())
+    assert other.shape == (5, 3, 4)  # the inputs are left as they were
+    if made_by != "load":  # keywords in another order are matched by name
+        two = torchcap.trace(lambda *, a, b: a.sum() + b.sum(), (), {"a": torch.ones(2, 3), "b": torch.ones(4)})
+        assert two(b=torch.ones(4), a=torch.ones(2, 3)).item() == 10
+        with pytest.raises(torchcap.InputError, match=r"expected f32\[2, 3\], got f32\[4\]"):
+            two(b=torch.ones(2, 3), a=torch.ones(4))
+        # Kept by pickling.
+        with pytest.raises(torchcap.InputError):
+            pickle.loads(pickle.dumps(gm))(other, scale=scale)
 
 
 class Boom(Exception):
