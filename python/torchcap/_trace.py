@@ -208,6 +208,12 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     parameters, buffers, modules = (_module_contents(module, record_stack_traces)
                                     if module is not None else ([], [], []))
     if preserve is not None:
+        # One name or operator where a list belongs: iterating a name would
+        # name its letters ("'aten::a' is not a registered operator").
+        if isinstance(preserve, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            raise TypeError(f"preserve must be a list of operators (for example "
+                            f"['aten::linear'] or [torch.ops.aten.linear]), not one "
+                            f"{type(preserve).__name__}: {preserve!r}")
         preserve = [_operator_name(op) for op in preserve]
     out_spec = []
     named = _holds_named_tuple((args, kwargs))

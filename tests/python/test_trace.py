@@ -127,6 +127,9 @@ def test_inference_preserves_linear_and_layer_norm():
     assert op_histogram(gm)["linear"] == 4 and op_histogram(gm)["layer_norm"] == 0
     with pytest.raises(torchcap.TraceError, match="preserve: 'aten::nope' is not a registered"):
         torchcap.trace(layer, (x,), inference=True, preserve=["nope"])
+    for one in ("aten::linear", torch.ops.aten.linear, torch.ops.aten.linear.default):
+        with pytest.raises(TypeError, match="preserve must be a list of operators"):
+            torchcap.trace(layer, (x,), inference=True, preserve=one)
 
 
 # --- Python modules ---------------------------------------------------------------------
