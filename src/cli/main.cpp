@@ -645,7 +645,10 @@ int main_impl(int argc, char** argv) {
   code_flag->excludes(dot_flag);
   show_cmd->add_option("--svg", svg, "render the graph to this SVG file with Graphviz");
   show_cmd->add_option("--library", libraries, library_help);
-  show_cmd->add_flag("--json", as_json, "print the summary as one JSON object");
+  // --json is the summary's (or, with --memory, the plan's) form: with
+  // --graph, --code or --dot it would be ignored without a word.
+  show_cmd->add_flag("--json", as_json, "print the summary as one JSON object")
+      ->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
   show_cmd->add_flag("--memory", show_memory_plan, "the memory plan (with --svg: draw the arena, with --json: as JSON)")
       ->excludes(summary_flag)->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
 

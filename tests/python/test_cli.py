@@ -209,6 +209,13 @@ def test_unknown_subcommand():
     error_of("frobnicate", code=2)
 
 
+def test_json_with_another_form_is_a_usage_error(mlp_file):
+    # --json prints the summary (or the memory plan); with another form it
+    # would be ignored without a word.
+    for form in ("--graph", "--code", "--dot"):
+        assert "excludes" in error_of("show", mlp_file, form, "--json", code=2)
+
+
 def test_missing_file():
     message = error_of("show", "/nonexistent/model.tcg")
     assert "/nonexistent/model.tcg" in message
