@@ -77,11 +77,11 @@ def paired(eager, tracers, runs):
             [statistics.median(x) for x in excess], [statistics.median(x) for x in cpu_excess])
 
 
-def cpp_graph(model, x, record_stack_traces):
+def cpp_graph(model, x, record_stack_traces, listed=None):
     """torchcap._C's trace alone: the graph in C++, not yet a torch.fx module
     (with the module's parameters, buffers and submodules listed as
-    torchcap.trace lists them)."""
-    parameters, buffers, modules = _trace._module_contents(model, record_stack_traces)
+    torchcap.trace lists them, or as `listed` gives them)."""
+    parameters, buffers, modules = listed or _trace._module_contents(model, record_stack_traces)
     return _trace._C.trace(model, parameters, buffers, (x,), {}, False, False, None, False, False,
                            record_stack_traces, _trace._INTERNAL_DIRS, modules)
 
@@ -187,11 +187,10 @@ def parts(model, x, runs=31):
 
     def steps(times):
         start = time.perf_counter()
-        parameters, buffers, modules = _trace._module_contents(model, True)
+        contents = _trace._module_contents(model, True)
         listed = time.perf_counter()
         with _trace._cyclic_gc_paused():
-            graph = _trace._C.trace(model, parameters, buffers, (x,), {}, False, False, None,
-                                    False, False, True, _trace._INTERNAL_DIRS, modules)
+            graph = cpp_graph(model, x, True, contents)
             traced = time.perf_counter()
             gm = _trace._to_fx(graph, {})
             done = time.perf_counter()

@@ -216,11 +216,12 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
                             f"{type(preserve).__name__}: {preserve!r}")
         preserve = [_operator_name(op) for op in preserve]
     out_spec = []
-    named = _holds_named_tuple((args, kwargs))
+    in_spec, structure = _argument_specs(args, kwargs)
+    named = _spec_holds_named_tuple(in_spec)
 
     def call(*a, **k):
         if named:  # Note [Named tuples]
-            a, k = _with_named_tuples(args, a), _with_named_tuples(kwargs, k)
+            a, k = _as_spec((a, k), in_spec)
         out = f(*a, **k)
         out_spec.append(_LEAF_SPEC if isinstance(out, torch.Tensor) else pytree.tree_flatten(out)[1])
         return out
@@ -244,14 +245,12 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     # Plain attributes, set in the instance's __dict__ as nn.Module would set
     # them; its __setattr__ would attach the attributes first (Note
     # [Attributes attached on first use]).
-    in_spec, structure = _argument_specs(args, kwargs)
     gm.__dict__.update(in_spec=in_spec, out_spec=out_spec[0] if out_spec else None,
                        _torchcap_call_structure=structure)
     if out_spec and _spec_holds_named_tuple(out_spec[0]):
         gm.__dict__["_torchcap_named_result"] = True
     # Note [Inputs of the traced shapes] in _load.py: checked on each call.
-    leaves = args if not kwargs and all(isinstance(a, torch.Tensor) for a in args) else \
-        pytree.tree_flatten((args, kwargs))[0]
+    leaves = args if _tensors_only(args, kwargs) else _spec_leaves(in_spec, (args, kwargs), [])
     gm.__dict__["_torchcap_inputs"] = tuple(
         _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in leaves)
     return gm
@@ -264,37 +263,27 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
 # reached the program as a plain tuple (`p.a` failed), and a namedtuple
 # result came back from the traced module as a plain tuple. The pytree specs
 # keep the types, and torch's pytree flattens a named tuple as its fields in
-# order, the leaves of the plain tuple in its place. So the program's
-# arguments get their types back from the traced arguments, and a traced
-# module whose result holds a named tuple rebuilds it from out_spec after
-# each call (_CheckedCall). A .tcg file has no named tuples: torchcap.load
-# and C++ give plain tuples in their place.
-
-def _holds_named_tuple(value):
-    if pytree._is_namedtuple_instance(value):
-        return True
-    if isinstance(value, (tuple, list)):
-        return any(_holds_named_tuple(v) for v in value)
-    if isinstance(value, dict):
-        return any(_holds_named_tuple(v) for v in value.values())
-    return False
-
+# order, the leaves of the plain tuple in its place. So both are rebuilt
+# the same way, from their spec (_as_spec): the program's arguments before
+# it runs, from in_spec, and a traced module's result after each call
+# (_CheckedCall), from out_spec. A .tcg file has no named tuples:
+# torchcap.load and C++ give plain tuples in their place.
 
 def _spec_holds_named_tuple(spec):
     return spec.type is collections.namedtuple or any(
         _spec_holds_named_tuple(c) for c in spec.children_specs)
 
 
-def _with_named_tuples(like, value):
-    """`value`, which has `like`'s structure with plain tuples, with the named
-    tuple types `like` has in the same places."""
-    if pytree._is_namedtuple_instance(like):
-        return type(like)(*(_with_named_tuples(l, v) for l, v in zip(like, value)))
-    if isinstance(like, (tuple, list)):
-        return type(value)(_with_named_tuples(l, v) for l, v in zip(like, value))
-    if isinstance(like, dict):
-        return {k: _with_named_tuples(like[k], v) for k, v in value.items()}
-    return value
+def _as_spec(value, spec):
+    """`value`, of `spec`'s structure with plain tuples in places, as `spec`
+    has it (Note [Named tuples])."""
+    return pytree.tree_unflatten(pytree.tree_flatten(value)[0], spec)
+
+
+def _tensors_only(args, kwargs):
+    """Whether a call passes positional tensors only: its spec, leaves and
+    structure need no walk."""
+    return not kwargs and all(isinstance(a, torch.Tensor) for a in args)
 
 
 # Note [Specs of tensor arguments]
@@ -310,7 +299,7 @@ _TENSOR_ARGUMENT_SPECS = {}  # n -> (in_spec, call structure) of n positional te
 
 def _argument_specs(args, kwargs):
     """(pytree spec of (args, kwargs), _call_structure(args, kwargs))."""
-    if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+    if _tensors_only(args, kwargs):
         known = _TENSOR_ARGUMENT_SPECS.get(len(args))
         if known is None:
             known = _TENSOR_ARGUMENT_SPECS[len(args)] = (pytree.tree_flatten((args, kwargs))[1],
@@ -392,12 +381,11 @@ class _CheckedCall:
             args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
         inputs = obj.__dict__.get("_torchcap_inputs")
         if inputs is not None:  # Note [Inputs of the traced shapes] in _load.py
-            tensors_only = not kwargs and all(isinstance(a, torch.Tensor) for a in args)
-            _check_inputs(inputs, args if tensors_only or spec is None else
+            _check_inputs(inputs, args if spec is None or _tensors_only(args, kwargs) else
                           _spec_leaves(spec, (args, kwargs), []))
         result = self.wrapped(obj, *args, **kwargs)
         if obj.__dict__.get("_torchcap_named_result"):  # Note [Named tuples]
-            result = pytree.tree_unflatten(pytree.tree_flatten(result)[0], obj.out_spec)
+            result = _as_spec(result, obj.out_spec)
         return result
 
 
