@@ -1853,11 +1853,32 @@ def _cyclic_gc_paused():
     tracing and making a torch.fx graph make many objects that all stay
     alive, so those walks free nothing: they took a third of torchcap.load's
     time on a 200,000-node graph, and about 1 us per node of
-    torchcap.trace's on the MLP-200. These run without them."""
-    collecting = gc.isenabled()
-    gc.disable()
+    torchcap.trace's on the MLP-200. These run without them.
+
+    The collector is one switch for the whole process, and pauses overlap
+    when threads trace or load at once. Each pause saving and restoring the
+    switch on its own let them undo one another: a pause that began while
+    another held the collector off saw it off, and left it off for good
+    once the other had switched it back on in between. So pauses are
+    counted, under a lock: the first switches the collector off (if it was
+    on) and the last switches it back on; none ends while another runs."""
+    global _gc_pauses, _gc_was_enabled
+    with _GC_PAUSES_LOCK:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
     try:
         yield
     finally:
-        if collecting:
-            gc.enable()
+        with _GC_PAUSES_LOCK:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+# The pauses of _cyclic_gc_paused under way, in every thread, and whether the
+# collector was on when the first of them began.
+_GC_PAUSES_LOCK = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False

@@ -769,6 +769,71 @@ def test_threads_trace_at_once():
             assert any("nn_module_stack" in n.meta for n in gm.graph.nodes)
 
 
+def test_threads_tracing_at_once_leave_the_collector_on():
+    # Note [No collections] in _load.py: while any thread traces the cyclic
+    # collector is off, and once the last trace is done it is on again. A
+    # pause that saved and restored the switch on its own left it on during
+    # the second trace below, and now and then off for good.
+    assert gc.isenabled()
+    first_inside, second_inside, first_done = (threading.Event() for _ in range(3))
+    seen, failures = [], []
+
+    def first(t):
+        first_inside.set()
+        assert second_inside.wait(30)
+        return t + 1
+
+    def second(t):
+        second_inside.set()
+        assert first_done.wait(30)
+        seen.append(gc.isenabled())  # the first trace has ended, this one has not
+        return t * 2
+
+    def work(program, before=None, after=None):
+        try:
+            if before is not None:
+                assert before.wait(30)
+            torchcap.trace(program, (torch.ones(2),))
+        except Exception as e:  # noqa: BLE001 -- every failure is reported below
+            failures.append(f"{type(e).__name__}: {e}")
+        finally:
+            if after is not None:
+                after.set()
+
+    threads = [threading.Thread(target=work, args=(first, None, first_done)),
+               threading.Thread(target=work, args=(second, first_inside))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == [] and seen == [False]
+    assert gc.isenabled()
+
+    # Many short traces at once, the threads switching between nearly every
+    # bytecode: the collector is on after each round.
+    x = torch.randn(3)
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(10):
+            start = threading.Barrier(4)
+
+            def trace_some(start=start):
+                start.wait()
+                for _ in range(20):
+                    torchcap.trace(lambda a: a * 2 + 1, (x,))
+
+            threads = [threading.Thread(target=trace_some) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert gc.isenabled()
+    finally:
+        sys.setswitchinterval(switching)
+        gc.enable()
+
+
 @pytest.mark.parametrize("made_by", ["trace", "load"])
 def test_first_use_from_several_threads(tmp_path, made_by):
     # Note [First use from several threads]: threads calling a new module at
