@@ -1624,8 +1624,9 @@ def _bind(attributes, weights, strict):
     The rules of the C++ GraphModule::bind_weights: every weightless (meta)
     attribute needs a weight; a stored one keeps its tensor unless `weights`
     names it; attributes that share a tensor take the weight of the first of
-    their names that `weights` has; each weight must hold values and have its
-    attribute's dtype and shape. Raises WeightError listing every problem.
+    their names that `weights` has; each weight must hold values, be dense
+    and have its attribute's dtype and shape. Raises WeightError listing
+    every problem.
     """
     if not hasattr(weights, "items"):
         raise WeightError(f"weights must be a dict of tensors by name (a state dict), not a "
@@ -1652,6 +1653,12 @@ def _bind(attributes, weights, strict):
                                     f"{type(w).__name__}")
         elif w.is_meta:
             problems.append(where + "the tensor is on the meta device: it has no values to bind")
+        elif w.layout != torch.strided:
+            # The graph's operators, and the copy into the recorded layout,
+            # take dense tensors only.
+            layout = str(w.layout).replace("torch.", "").lstrip("_")
+            problems.append(where + f"expected a dense tensor {_describe(current)}, got a "
+                                    f"{layout} tensor; pass the dense one (to_dense())")
         elif w.dtype != current.dtype or w.shape != current.shape:
             problems.append(where + f"expected {_describe(current)}, got {_describe(w)}")
         else:
@@ -1803,10 +1810,10 @@ def load(path, verify_checksums=True, weights=None, strict=True):
     needs one for each of its weightless tensors; without weights it loads
     with meta tensors, and calling the module on real inputs raises
     torchcap.WeightError naming them. Weights for attributes the file stores
-    replace them. Each weight must have its attribute's dtype and shape; it is
-    used as given (not copied) unless its strides differ from the recorded
-    ones. Problems raise torchcap.WeightError listing every missing, extra and
-    mismatched weight.
+    replace them. Each weight must be a dense tensor of its attribute's dtype
+    and shape; it is used as given (not copied) unless its strides differ from
+    the recorded ones. Problems raise torchcap.WeightError listing every
+    missing, extra and mismatched weight.
     strict: refuse weights that name no attribute of the module (a state
     dict's num_batches_tracked, say); False ignores them.
     """

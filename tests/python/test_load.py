@@ -624,6 +624,7 @@ def test_weightless_files_load_without_weights_and_refuse_to_run(files):
     assert gm.w.stride() == (3, 1) and torch.equal(gm.w, w) and torch.equal(gm.b, torch.ones(3))
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 def test_weight_errors_in_the_loader(files):
     def message(weights, strict=True):
         with pytest.raises(torchcap.WeightError) as e:
@@ -638,6 +639,14 @@ def test_weight_errors_in_the_loader(files):
         head + "weight 'w' (parameter): expected f32[2, 3], got i64[2, 3]")
     assert message({"w": torch.empty(2, 3, device="meta")}) == (
         head + "weight 'w' (parameter): the tensor is on the meta device: it has no values to bind")
+    # Sparse weights: named, not an error from inside LibTorch's copy.
+    dense = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 3.0]])
+    for layout, w in (("sparse_coo", dense.to_sparse()), ("sparse_csr", dense.to_sparse_csr())):
+        assert message({"w": w}) == (
+            head + f"weight 'w' (parameter): expected a dense tensor f32[2, 3], got a {layout} "
+                   "tensor; pass the dense one (to_dense())")
+    assert message({"w": dense.to_sparse(), "b": torch.ones(3).to_sparse()}).count(
+        "expected a dense tensor") == 2
     assert message({"w": torch.zeros(2, 3), "c": torch.zeros(1)}) == (
         head + "extra: weight 'c' is not an attribute of the module (strict=False ignores such "
                "weights)")
