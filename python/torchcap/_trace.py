@@ -24,7 +24,7 @@ from torch.fx.graph_module import _WrappedCall
 from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import (_FIRST_USE_LOCK, TorchcapCodeGen, _InputMeta, _Spec,
                             _check_inputs, _cyclic_gc_paused,
-                            _forward_after_generating_code, _generated_code,
+                            _forward_after_generating_code, _fx_illegal_names, _generated_code,
                             _refuse_pickling, _refuse_unbound_weights, _set_generated_code,
                             _set_graph_generating_code_later)
 
@@ -375,7 +375,7 @@ class _CheckedCall:
     def __init__(self, wrapped):
         self.wrapped = wrapped
 
-    def __call__(self, obj, *args, **kwargs):
+    def __call__(self, obj, /, *args, **kwargs):
         spec = getattr(obj, "in_spec", None)
         if spec is not None and not _fits(spec, (args, kwargs)):
             args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
@@ -383,7 +383,13 @@ class _CheckedCall:
         if inputs is not None:  # Note [Inputs of the traced shapes] in _load.py
             _check_inputs(inputs, args if spec is None or _tensors_only(args, kwargs) else
                           _spec_leaves(spec, (args, kwargs), []))
-        result = self.wrapped(obj, *args, **kwargs)
+        if kwargs and "obj" in kwargs:
+            # A program's keyword that torch.fx's _WrappedCall would take for
+            # its own parameter (Note [Keywords that are no parameter names]):
+            # what it calls, called directly.
+            result = super(self.wrapped.cls, obj).__call__(*args, **kwargs)
+        else:
+            result = self.wrapped(obj, *args, **kwargs)
         if obj.__dict__.get("_torchcap_named_result"):  # Note [Named tuples]
             result = _as_spec(result, obj.out_spec)
         return result
@@ -419,7 +425,18 @@ def _bound_as_traced(gm, spec, args, kwargs):
 
 class _KeywordCodeGen(TorchcapCodeGen):
     """forward(self, <positional>, *, <keywords>): the program's keyword
-    arguments, which the graph takes as one trailing dict argument."""
+    arguments, which the graph takes as one trailing dict argument.
+
+    Note [Keywords that are no parameter names]: a program takes whatever
+    keywords its caller passes, `class` or `torch` among them
+    (f(x, **{"class": y})). Made a parameter of the generated forward, such
+    a name is a syntax error (a Python keyword) or hides a name the code
+    reads (torch.ops..., getattr, float('inf'), a placeholder). Those
+    keywords come in through one `**` parameter, under a name the code does
+    not use, so callers pass them by their own names as before; the others
+    stay keyword-only parameters, which the signature shows. Which keywords
+    a call must pass is checked before forward runs (_CheckedCall).
+    """
 
     def __init__(self, base, keywords):
         super().__init__(base.in_spec, base.out_spec, base.mutations, base.placeholders)
@@ -430,15 +447,23 @@ class _KeywordCodeGen(TorchcapCodeGen):
         head, _, body = text.partition("\n")
         params = head[head.index("(") + 1:head.rindex(")")].split(", ")
         packed = params.pop()  # the dict parameter
-        taken = set(params)
+        used = _fx_illegal_names().union(params)
+        named = [k for k in self.keywords if k.isidentifier() and k not in used]
+        signature, values, rest = list(params), [], None
+        if any(k in params for k in self.keywords):
+            signature.append("/")  # so that such a keyword reaches `rest`
+        if named:
+            signature += ["*"] + named
+        if len(named) < len(self.keywords):
+            rest = "keywords"
+            while rest in used or rest in self.keywords:
+                rest += "_"
+            signature.append(f"**{rest}")
+        named = set(named)
         for k in self.keywords:
-            if k in taken:
-                raise TraceError(f"keyword argument '{k}' has the name of a positional "
-                                 f"parameter of the graph; pass it positionally")
-        head = (f"def forward({', '.join(params + ['*'] + self.keywords)})"
-                f"{maybe_return_annotation}:")
-        pack = ", ".join(f"{k!r}: {k}" for k in self.keywords)
-        return "\n".join([head, f"    {packed} = {{{pack}}}"] + ([body] if body else []))
+            values.append(f"{k!r}: {k}" if k in named else f"{k!r}: {rest}[{k!r}]")
+        head = f"def forward({', '.join(signature)}){maybe_return_annotation}:"
+        return "\n".join([head, f"    {packed} = {{{', '.join(values)}}}"] + ([body] if body else []))
 
     def process_inputs(self, *args, **kwargs):
         return super().process_inputs(*args, kwargs) if self.keywords else \

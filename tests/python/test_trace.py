@@ -247,6 +247,41 @@ def test_call_with_another_argument_structure_is_a_clear_error():
                              mode="mean"), want)
 
 
+def test_keywords_that_are_no_parameter_names(tmp_path):
+    # Note [Keywords that are no parameter names] in _trace.py: a Python
+    # keyword, a name the generated code reads (torch, getattr, float), a
+    # placeholder's name, or a parameter of torchcap's own call path, each
+    # passed by the caller's own keyword.
+    def f(a, *, scale, **k):
+        return a * scale + k["class"] - k["torch"] * k["getattr"] + k["ph_0"] / k["obj"]
+
+    x = torch.randn(4)
+    kwargs = {"scale": torch.randn(4), "class": torch.randn(4), "torch": torch.randn(4),
+              "getattr": torch.randn(4), "ph_0": torch.randn(4), "obj": torch.rand(4) + 1}
+    others = {k: torch.randn(4) for k in kwargs}
+    for gm in (torchcap.trace(f, (x,), kwargs), torchcap.export(f, (x,), kwargs)):
+        torch.testing.assert_close(gm(x, **kwargs), f(x, **kwargs), rtol=0, atol=0)
+        torch.testing.assert_close(gm(x, **others), f(x, **others), rtol=0, atol=0)
+        # The keywords that can be parameters stay parameters.
+        import inspect
+        assert "scale" in inspect.signature(gm.forward).parameters
+        # Which keywords a call passes is still checked.
+        missing = {k: v for k, v in kwargs.items() if k != "class"}
+        with pytest.raises(torchcap.InputError, match="called with"):
+            gm(x, **missing)
+        with pytest.raises(torchcap.InputError, match="called with"):
+            gm(x, **kwargs, other=x)
+        torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(x, **others),
+                                   f(x, **others), rtol=0, atol=0)
+    # Saved and loaded: the keywords are one trailing dict, as for any program.
+    torchcap.save(gm, tmp_path / "k.tcg")
+    loaded = torchcap.load(tmp_path / "k.tcg")
+    torch.testing.assert_close(loaded(x, others), f(x, **others), rtol=0, atol=0)
+    # Only such keywords.
+    g = torchcap.trace(lambda a, **k: a + k["class"], (x,), {"class": x})
+    assert torch.equal(g(x, **{"class": x * 2}), x * 3)
+
+
 def inspect_parameters(gm):
     import inspect
     return [name for name, p in inspect.signature(gm.forward).parameters.items()
