@@ -13,12 +13,15 @@ class TraceError(Error):
 
 
 class InputError(Error, TypeError):
-    """A module made by torchcap.trace or torchcap.export was called with
-    arguments whose structure (how many, which nesting of tuples, lists and
-    dicts, which keywords) is not the one it was traced with.
+    """A module made by torchcap.trace, torchcap.export or torchcap.load was
+    called with arguments whose structure (how many, which nesting of tuples,
+    lists and dicts, which keywords) is not the one it was traced with, or
+    with something other than a tensor of the traced dtype and shape where
+    it takes one (None, a NumPy array, a number, another shape).
 
-    The message shows the structure expected and the one given. A TypeError
-    too, which is what Python raises for a call with the wrong arguments."""
+    The message shows what was expected and what was given, naming each
+    input. A TypeError too, which is what Python raises for a call with the
+    wrong arguments."""
 
 
 class WeightError(Error):

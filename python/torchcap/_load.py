@@ -1192,7 +1192,7 @@ class _Reader:
             gm.register_forward_pre_hook(_refuse_unbound_weights)
         gm._torchcap_inputs = [
             _InputMeta(node.meta["tensor_meta"].dtype, tuple(node.meta["tensor_meta"].shape), None)
-            if isinstance(node.meta.get("tensor_meta"), _TensorMetadata) else None
+            if isinstance(node.meta.get("tensor_meta"), _TensorMetadata) else _ANY_TENSOR
             for node in self.graph.nodes if node.op == "placeholder"]
         gm.register_forward_pre_hook(_check_loaded_inputs)
         return gm
@@ -1555,6 +1555,13 @@ def _describe(t):
 # makes (traced, exported, loaded) refuse them the same way. A placeholder
 # recorded on the meta device takes an input on any device (a model traced
 # on meta tensors, then bound to weights), and a meta input goes anywhere.
+# What is no tensor at all (None, a NumPy array, a Python number) is refused
+# too: an operator would fail on it with an error of its own, or compute
+# with a number in place of the tensor. Messages name each input as the C++
+# Interpreter does, "input 1 (ph_1)", and for a traced module where the
+# call passed it, "input 1 (ph_1, kwargs['scale'])". The check runs on every
+# call: the usual case is one pass over the inputs, building nothing; the
+# message is made only when something is wrong.
 class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device")):
     """What a graph input was traced with; device None: not recorded (files)."""
 
@@ -1563,21 +1570,69 @@ class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device")):
         return _InputMeta(t.dtype, tuple(t.shape), t.device)
 
 
-def _check_inputs(expected, leaves):
-    """InputError unless each tensor in `leaves` matches its `expected`
-    _InputMeta (None: not a tensor input). Note [Inputs of the traced shapes]."""
-    problems = []
-    for i, (want, got) in enumerate(zip(expected, leaves)):
-        if want is None or not isinstance(got, torch.Tensor):
+# A tensor input whose dtype and shape the file does not record.
+_ANY_TENSOR = _InputMeta(None, None, None)
+
+
+def _check_inputs(expected, leaves, labels=None, module=None):
+    """InputError unless each of `leaves` is a tensor that matches its
+    `expected` _InputMeta (None: not a tensor input; _ANY_TENSOR: any tensor).
+    labels(module): each tensor input's name, for the message.
+    Note [Inputs of the traced shapes]."""
+    for want, got in zip(expected, leaves):
+        if want is None:
             continue
-        device_ok = (want.device is None or got.device == want.device or
-                     want.device.type == "meta" or got.is_meta)
-        if got.dtype != want.dtype or tuple(got.shape) != want.shape or not device_ok:
-            problems.append(f"\n  input {i}: expected {_describe(want)}, got {_describe(got)}")
-    if problems:
-        raise InputError("inputs do not match the graph:" + "".join(problems) +
-                         "\nA graph runs on inputs of the dtypes and shapes it was traced "
-                         "with; trace again for others")
+        if isinstance(got, torch.Tensor):
+            if want.dtype is None:
+                continue
+            if got.dtype == want.dtype and got.shape == want.shape:
+                device = want.device
+                if device is None or got.device == device or device.type == "meta" or got.is_meta:
+                    continue
+        _refuse_inputs(expected, leaves, labels(module) if labels is not None else None)
+
+
+def _refuse_inputs(expected, leaves, labels):
+    """The InputError of _check_inputs, naming every input that does not fit."""
+    problems, not_tensors, k = [], False, -1
+    for want, got in zip(expected, leaves):
+        if want is None:
+            continue
+        k += 1  # the tensor inputs are numbered as the graph's placeholders
+        where = f"input {k}" + (f" ({labels[k]})" if labels is not None and k < len(labels)
+                                else "")
+        wanted = "" if want.dtype is None else " " + _describe(want)
+        if not isinstance(got, torch.Tensor):
+            not_tensors = True
+            problems.append(f"\n  {where}: expected a tensor{wanted}, got {_describe_value(got)}")
+        elif want.dtype is not None and (
+                got.dtype != want.dtype or tuple(got.shape) != want.shape or not (
+                    want.device is None or got.device == want.device or
+                    want.device.type == "meta" or got.is_meta)):
+            problems.append(f"\n  {where}: expected{wanted}, got {_describe(got)}")
+    advice = ("\nA graph runs on tensors of the dtypes and shapes it was traced with; trace "
+              "again for others")
+    if not_tensors:
+        advice += " (torch.as_tensor makes a tensor of a number or a NumPy array)"
+    raise InputError("inputs do not match the graph:" + "".join(problems) + advice)
+
+
+def _describe_value(v):
+    """None, "a float (2.0)", "a numpy.ndarray": what was given for a tensor."""
+    if v is None:
+        return "None"
+    kind = type(v)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")
+    article = "an" if name[0] in "aeiouAEIOU" else "a"
+    if kind in (bool, int, float, complex):
+        return f"{article} {name} ({v!r})"
+    return f"{article} {name}"
+
+
+def _placeholder_names(gm):
+    """The names of a module's placeholders, in order (labels for _check_inputs)."""
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _check_loaded_inputs(gm, args):
@@ -1590,7 +1645,7 @@ def _check_loaded_inputs(gm, args):
         leaves = codegen.process_inputs(*args)
     except (IndexError, KeyError, TypeError):
         return
-    _check_inputs(gm._torchcap_inputs, leaves)
+    _check_inputs(gm._torchcap_inputs, leaves, _placeholder_names, gm)
 
 
 def _dense(t):

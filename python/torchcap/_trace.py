@@ -25,8 +25,8 @@ from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import (_FIRST_USE_LOCK, TorchcapCodeGen, _InputMeta, _Spec,
                             _check_inputs, _cyclic_gc_paused,
                             _forward_after_generating_code, _fx_illegal_names, _generated_code,
-                            _refuse_pickling, _refuse_unbound_weights, _set_generated_code,
-                            _set_graph_generating_code_later)
+                            _placeholder_names, _refuse_pickling, _refuse_unbound_weights,
+                            _set_generated_code, _set_graph_generating_code_later)
 
 try:
     from torchcap import _C
@@ -382,7 +382,7 @@ class _CheckedCall:
         inputs = obj.__dict__.get("_torchcap_inputs")
         if inputs is not None:  # Note [Inputs of the traced shapes] in _load.py
             _check_inputs(inputs, args if spec is None or _tensors_only(args, kwargs) else
-                          _spec_leaves(spec, (args, kwargs), []))
+                          _spec_leaves(spec, (args, kwargs), []), _traced_input_labels, obj)
         if kwargs and "obj" in kwargs:
             # A program's keyword that torch.fx's _WrappedCall would take for
             # its own parameter (Note [Keywords that are no parameter names]):
@@ -393,6 +393,32 @@ class _CheckedCall:
         if obj.__dict__.get("_torchcap_named_result"):  # Note [Named tuples]
             result = _as_spec(result, obj.out_spec)
         return result
+
+
+def _traced_input_labels(gm):
+    """"ph_1, kwargs['scale']": each tensor input's placeholder, and where the
+    traced call passed it (Note [Inputs of the traced shapes] in _load.py)."""
+    names = _placeholder_names(gm)
+    spec = getattr(gm, "in_spec", None)
+    if spec is None:
+        return names
+    paths = []
+    for (root, child) in zip(("args", "kwargs"), spec.children_specs):
+        _spec_paths(child, root, paths)
+    paths = [p for p, want in zip(paths, gm._torchcap_inputs) if want is not None]
+    return [f"{n}, {p}" for n, p in zip(names, paths)]
+
+
+def _spec_paths(spec, path, out):
+    """The access path ("args[0][1]", "kwargs['mask']") of each leaf of pytree
+    spec `spec`, in the order of _spec_leaves."""
+    if isinstance(spec, pytree.LeafSpec):
+        out.append(path)
+        return out
+    keys = spec.context if spec.type is dict else range(len(spec.children_specs))
+    for key, child in zip(keys, spec.children_specs):
+        _spec_paths(child, f"{path}[{key!r}]", out)
+    return out
 
 
 def _bound_as_traced(gm, spec, args, kwargs):

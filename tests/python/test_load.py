@@ -236,6 +236,25 @@ def test_nested_specs_shape_the_signature(files):
     assert "def forward(self, a, arg1, arg2, arg3, arg4, arg5)" in gm.code
 
 
+def test_values_that_are_not_tensors_are_refused(files):
+    # Note [Inputs of the traced shapes] in _load.py: None, a number or a
+    # NumPy array where the graph takes a tensor is an InputError naming the
+    # input, also in a file that records no dtypes or shapes of its inputs.
+    gm = torchcap.load(files / "nested.tcg")
+    b = torch.randn(3)
+    rest = ([3, 2.5, True, "s\u00e9", math.inf], {1: False, -2: None}, (), None)
+    with pytest.raises(torchcap.InputError) as e:
+        gm(None, (b, {"k": 2.0, "n": None}), *rest)
+    assert str(e.value).startswith("inputs do not match the graph:\n"
+                                   "  input 0 (a): expected a tensor, got None\n"
+                                   "  input 2 (c): expected a tensor, got a float (2.0)\n")
+    assert isinstance(e.value, TypeError)
+    gm = torchcap.load(files / "small.tcg")
+    with pytest.raises(torchcap.InputError, match=r"input 0 \(x\): expected a tensor f32\[2, 3\], "
+                                                  r"got a numpy\.ndarray"):
+        gm(torch.randn(2, 3).numpy())
+
+
 def test_exported_writes_reach_buffers_and_inputs(files):
     # BatchNorm in train mode: the running stats are outputs of the exported
     # graph, written back into the buffers before forward returns.

@@ -7,6 +7,7 @@ import copy
 import gc
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
@@ -740,9 +741,9 @@ def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
     expected = f(x, scale=scale)
     torch.testing.assert_close(call(x, scale=scale), expected, rtol=0, atol=0)
     other = torch.randn(5, 3, 4)
-    with pytest.raises(torchcap.InputError, match=r"input 0: expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
+    with pytest.raises(torchcap.InputError, match=r"input 0 \(ph_0[^)]*\): expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
         call(other, scale=scale)
-    with pytest.raises(torchcap.InputError, match=r"input 1: expected f32\[12\], got f64\[12\]"):
+    with pytest.raises(torchcap.InputError, match=r"input 1 \(ph_1[^)]*\): expected f32\[12\], got f64\[12\]"):
         call(x, scale=scale.double())
     assert other.shape == (5, 3, 4)  # the inputs are left as they were
     if made_by != "load":  # keywords in another order are matched by name
@@ -753,6 +754,51 @@ def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
         # Kept by pickling.
         with pytest.raises(torchcap.InputError):
             pickle.loads(pickle.dumps(gm))(other, scale=scale)
+    # Each input named as the C++ Interpreter names it, and, in a traced
+    # module, where the call passed it.
+    where = (["input 0 (ph_0)", "input 1 (ph_1)"] if made_by == "load" else
+             ["input 0 (ph_0, args[0])", "input 1 (ph_1, kwargs['scale'])"])
+    with pytest.raises(torchcap.InputError) as e:
+        call(other, scale=scale.double())
+    assert f"\n  {where[0]}: expected f32[2, 3, 4], got f32[5, 3, 4]\n" in str(e.value)
+    assert f"\n  {where[1]}: expected f32[12], got f64[12]\n" in str(e.value)
+
+
+@pytest.mark.parametrize("made_by", ["trace", "export", "load"])
+def test_values_that_are_not_tensors_are_refused(tmp_path, made_by):
+    # Note [Inputs of the traced shapes] in _load.py: None or a NumPy array
+    # where a tensor was traced failed inside an operator with its error,
+    # and a number was computed with, without a word.
+    import numpy as np
+
+    def f(x, *, scale):
+        return x * scale
+
+    x, scale = torch.randn(4), torch.randn(4)
+    gm = (torchcap.export if made_by == "export" else torchcap.trace)(f, (x,), {"scale": scale})
+    call, where = gm, ["input 0 (ph_0, args[0])", "input 1 (ph_1, kwargs['scale'])"]
+    if made_by == "load":
+        torchcap.save(gm, tmp_path / "f.tcg")
+        loaded = torchcap.load(tmp_path / "f.tcg")
+        where = ["input 0 (ph_0)", "input 1 (ph_1)"]
+
+        def call(x, *, scale):
+            return loaded(x, {"scale": scale})
+    values = {"None": None, "a numpy.ndarray": np.ones(4, dtype=np.float32),
+              "a float (2.0)": 2.0, "an int (3)": 3, "a bool (True)": True}
+    for got, value in values.items():
+        with pytest.raises(torchcap.InputError) as e:
+            call(value, scale=scale)
+        assert f"\n  {where[0]}: expected a tensor f32[4], got {got}\n" in str(e.value)
+        assert "input 1" not in str(e.value) and "torch.as_tensor" in str(e.value)
+        assert isinstance(e.value, TypeError)
+        with pytest.raises(torchcap.InputError, match=rf"{re.escape(where[1])}: expected a tensor "
+                                                      rf"f32\[4\], got {re.escape(got)}"):
+            call(x, scale=value)
+    with pytest.raises(torchcap.InputError) as e:
+        call(None, scale=2.5)
+    assert str(e.value).count("expected a tensor f32[4]") == 2
+    torch.testing.assert_close(call(x, scale=scale), f(x, scale=scale), rtol=0, atol=0)
 
 
 class Boom(Exception):
