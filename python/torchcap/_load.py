@@ -189,7 +189,7 @@ class TorchcapCodeGen(CodeGen):
         # would drag the whole graph into that copy, one recursion per node.
         self.placeholders = {k: v if isinstance(v, str) else v.name
                              for k, v in (placeholders or {}).items()}
-        self._body_transformer = _AttributeAccess()
+        self._body_transformer = _BodyRewrite()
 
     def _gen_python_code(self, nodes, root_module, namespace, **kwargs):
         # Note [Attribute names in generated code]: torch.nn accepts any
@@ -197,10 +197,21 @@ class TorchcapCodeGen(CodeGen):
         # torch.fx writes get_attr targets into code as self.class or
         # getattr(self, "a"b"), which do not compile. Each get_attr statement
         # is rewritten with an access expression that is valid for any name.
-        self._body_transformer.statements = {
+        rewrite = self._body_transformer
+        rewrite.statements = {
             f"{node.name} = ": _attribute_expression(node.target, root_module)
             for node in nodes if node.op == "get_attr"}
-        return super()._gen_python_code(nodes, root_module, namespace, **kwargs)
+        # Note [Concurrent runs that write buffers back]: the body runs
+        # holding the module's lock, under a global name no node takes (the
+        # namespace renames a node of that name in the code).
+        rewrite.lock = None
+        if any(kind == "buffer_mutation" for kind, _ in self.mutations):
+            rewrite.lock = (namespace.create_name(_BUFFER_UPDATES_LOCK, _buffer_updates_lock),
+                            root_module)
+        code = super()._gen_python_code(nodes, root_module, namespace, **kwargs)
+        if rewrite.lock is not None:
+            code.globals[rewrite.lock[0]] = _buffer_updates_lock
+        return code
 
     def gen_fn_def(self, free_vars, maybe_return_annotation):
         placeholders = list(free_vars)
@@ -250,12 +261,15 @@ class TorchcapCodeGen(CodeGen):
         return _spec_unflatten(self.out_spec, list(results[:len(results) - len(self.mutations)]))
 
 
-class _AttributeAccess:
-    """Rewrites get_attr statements in torch.fx's code body (Note [Attribute names in
-    generated code]). A plain object, so that copies of the module copy it too."""
+class _BodyRewrite:
+    """Rewrites torch.fx's code body: get_attr statements (Note [Attribute names
+    in generated code]), and the whole body under the module's lock when the
+    graph writes buffers back (Note [Concurrent runs that write buffers
+    back]). A plain object, so that copies of the module copy it too."""
 
     def __init__(self):
         self.statements = {}  # "NAME = " of each get_attr node -> its access expression
+        self.lock = None  # (the lock function's global name, the module's name), or None
 
     def __call__(self, body):
         # torch.fx emits a get_attr node as one body element, "NAME = access";
@@ -265,7 +279,48 @@ class _AttributeAccess:
             head = line.split(" = ", 1)[0] + " = "
             access = self.statements.get(head)
             out.append(head + access if access is not None else line)
-        return out
+        if self.lock is None:
+            return out
+        # Elements are not lines (a statement and its deletions, the output's
+        # lines), so the joined text is indented line by line; no line of
+        # torch.fx's code continues a string of the line before.
+        name, root = self.lock
+        lines = "".join(out).split("\n")
+        return [f"with {name}({root}):\n" + "\n".join("    " + l if l else l for l in lines)]
+
+
+# Note [Concurrent runs that write buffers back]
+# A graph that writes buffers back (an exported BatchNorm in train mode, a
+# training step) reads each buffer at the start of a run and copies its new
+# value in at the end. Two runs at once would both read the old value and
+# one update would be lost: 8 threads calling an exported BatchNorm 100
+# times each advanced num_batches_tracked by about 190, not 800. As the C++
+# Interpreter does (Note [Concurrent runs that update buffers] in
+# src/runtime/interpreter.cpp), such runs of one module are serialized, so
+# each sees the updates of those before it, as successive calls would; runs
+# of modules that write no buffers, and runs of other modules, go in
+# parallel. The generated forward holds the lock around its body, so every
+# way of calling it (module call, forward(), a loaded or traced or exported
+# module, a training step) is covered. The lock belongs to the module's
+# class, which torch.fx makes for each module: copies, pickles and reloads
+# get a lock of their own, and nothing in the module's state (which deepcopy
+# copies) holds one. Reentrant: a run that calls its own module again (a
+# tensor subclass's hook, say) goes on instead of waiting for itself.
+# Its name in generated code, where it is a global.
+_BUFFER_UPDATES_LOCK = "_buffer_updates_lock"
+
+
+def _buffer_updates_lock(module):
+    """The lock of `module`'s runs that write buffers back, made on first use."""
+    cls = type(module)
+    lock = cls.__dict__.get("_torchcap_buffer_updates")
+    if lock is None:
+        with _FIRST_USE_LOCK:
+            lock = cls.__dict__.get("_torchcap_buffer_updates")
+            if lock is None:
+                lock = threading.RLock()
+                cls._torchcap_buffer_updates = lock
+    return lock
 
 
 def _attribute_expression(path, root="self"):

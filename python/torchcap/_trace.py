@@ -22,8 +22,8 @@ import torch.utils._pytree as pytree
 from torch.fx.graph_module import _WrappedCall
 
 from torchcap._errors import Error, InputError, TraceError
-from torchcap._load import (_FIRST_USE_LOCK, TorchcapCodeGen, _InputMeta, _Spec,
-                            _check_inputs, _cyclic_gc_paused,
+from torchcap._load import (_BUFFER_UPDATES_LOCK, _FIRST_USE_LOCK, TorchcapCodeGen, _InputMeta,
+                            _Spec, _check_inputs, _cyclic_gc_paused,
                             _forward_after_generating_code, _fx_illegal_names, _generated_code,
                             _placeholder_names, _refuse_pickling, _refuse_unbound_weights,
                             _set_generated_code, _set_graph_generating_code_later)
@@ -473,7 +473,7 @@ class _KeywordCodeGen(TorchcapCodeGen):
         head, _, body = text.partition("\n")
         params = head[head.index("(") + 1:head.rindex(")")].split(", ")
         packed = params.pop()  # the dict parameter
-        used = _fx_illegal_names().union(params)
+        used = _fx_illegal_names().union(params, [_BUFFER_UPDATES_LOCK])
         named = [k for k in self.keywords if k.isidentifier() and k not in used]
         signature, values, rest = list(params), [], None
         if any(k in params for k in self.keywords):

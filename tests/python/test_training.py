@@ -5,6 +5,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -55,3 +56,34 @@ def test_a_saved_step_continues(fixture, tmp_path):
     again.load_state_dict(step.state_dict())
     for i, (x, y) in enumerate(data[3:], start=3):
         assert torch.equal(again(x, y)["loss"], expected_losses[i]), f"step {i}"
+
+
+def test_steps_from_several_threads(fixture):
+    # Note [Concurrent runs that write buffers back] in _load.py: a step of
+    # a file loaded in Python, taken from 8 threads at once, is each time a
+    # whole step, as the C++ Interpreter's runs are; after them the state is
+    # that of as many steps one after another (the same batch each time).
+    x, y = unpickle(fixture / "data.pt")[0]
+    step, straight = torchcap.load(fixture / "step.tcg"), torchcap.load(fixture / "step.tcg")
+    start, failures = threading.Barrier(8), []
+
+    def work():
+        try:
+            start.wait()
+            for _ in range(25):
+                step(x, y)
+        except Exception as e:  # noqa: BLE001 -- every failure is reported below
+            failures.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    for _ in range(200):
+        straight(x, y)
+    state, expected = step.state_dict(), straight.state_dict()
+    assert state["optimizer.step"].item() == 200.0
+    for name, value in expected.items():
+        torch.testing.assert_close(state[name], value, rtol=1e-5, atol=1e-6, msg=name)
