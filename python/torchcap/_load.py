@@ -289,6 +289,10 @@ class _BodyRewrite:
         return [f"with {name}({root}):\n" + "\n".join("    " + l if l else l for l in lines)]
 
 
+# The name of _buffer_updates_lock in generated code, where it is a global.
+_BUFFER_UPDATES_LOCK = "_buffer_updates_lock"
+
+
 # Note [Concurrent runs that write buffers back]
 # A graph that writes buffers back (an exported BatchNorm in train mode, a
 # training step) reads each buffer at the start of a run and copies its new
@@ -306,10 +310,6 @@ class _BodyRewrite:
 # get a lock of their own, and nothing in the module's state (which deepcopy
 # copies) holds one. Reentrant: a run that calls its own module again (a
 # tensor subclass's hook, say) goes on instead of waiting for itself.
-# Its name in generated code, where it is a global.
-_BUFFER_UPDATES_LOCK = "_buffer_updates_lock"
-
-
 def _buffer_updates_lock(module):
     """The lock of `module`'s runs that write buffers back, made on first use."""
     cls = type(module)
@@ -1637,6 +1637,7 @@ def _check_inputs(expected, leaves, labels=None, module=None):
     for want, got in zip(expected, leaves):
         if want is None:
             continue
+        # _fits_input, inlined: this runs on every call.
         if isinstance(got, torch.Tensor):
             if want.dtype is None:
                 continue
@@ -1645,6 +1646,17 @@ def _check_inputs(expected, leaves, labels=None, module=None):
                 if device is None or got.device == device or device.type == "meta" or got.is_meta:
                     continue
         _refuse_inputs(expected, leaves, labels(module) if labels is not None else None)
+
+
+def _fits_input(want, got):
+    """Whether `got` is a tensor as `want`, an _InputMeta, describes."""
+    if not isinstance(got, torch.Tensor):
+        return False
+    if want.dtype is None:
+        return True
+    device = want.device
+    return (got.dtype == want.dtype and got.shape == want.shape and
+            (device is None or got.device == device or device.type == "meta" or got.is_meta))
 
 
 def _refuse_inputs(expected, leaves, labels):
@@ -1660,10 +1672,7 @@ def _refuse_inputs(expected, leaves, labels):
         if not isinstance(got, torch.Tensor):
             not_tensors = True
             problems.append(f"\n  {where}: expected a tensor{wanted}, got {_describe_value(got)}")
-        elif want.dtype is not None and (
-                got.dtype != want.dtype or tuple(got.shape) != want.shape or not (
-                    want.device is None or got.device == want.device or
-                    want.device.type == "meta" or got.is_meta)):
+        elif not _fits_input(want, got):
             problems.append(f"\n  {where}: expected{wanted}, got {_describe(got)}")
     advice = ("\nA graph runs on tensors of the dtypes and shapes it was traced with; trace "
               "again for others")

@@ -403,7 +403,7 @@ def _traced_input_labels(gm):
     if spec is None:
         return names
     paths = []
-    for (root, child) in zip(("args", "kwargs"), spec.children_specs):
+    for root, child in zip(("args", "kwargs"), spec.children_specs):
         _spec_paths(child, root, paths)
     paths = [p for p, want in zip(paths, gm._torchcap_inputs) if want is not None]
     return [f"{n}, {p}" for n, p in zip(names, paths)]
@@ -489,7 +489,8 @@ class _KeywordCodeGen(TorchcapCodeGen):
         for k in self.keywords:
             values.append(f"{k!r}: {k}" if k in named else f"{k!r}: {rest}[{k!r}]")
         head = f"def forward({', '.join(signature)}){maybe_return_annotation}:"
-        return "\n".join([head, f"    {packed} = {{{', '.join(values)}}}"] + ([body] if body else []))
+        pack = f"    {packed} = {{{', '.join(values)}}}"
+        return "\n".join([head, pack] + ([body] if body else []))
 
     def process_inputs(self, *args, **kwargs):
         return super().process_inputs(*args, kwargs) if self.keywords else \

@@ -807,9 +807,11 @@ def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
     expected = f(x, scale=scale)
     torch.testing.assert_close(call(x, scale=scale), expected, rtol=0, atol=0)
     other = torch.randn(5, 3, 4)
-    with pytest.raises(torchcap.InputError, match=r"input 0 \(ph_0[^)]*\): expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
+    with pytest.raises(torchcap.InputError,
+                       match=r"input 0 \(ph_0[^)]*\): expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
         call(other, scale=scale)
-    with pytest.raises(torchcap.InputError, match=r"input 1 \(ph_1[^)]*\): expected f32\[12\], got f64\[12\]"):
+    with pytest.raises(torchcap.InputError,
+                       match=r"input 1 \(ph_1[^)]*\): expected f32\[12\], got f64\[12\]"):
         call(x, scale=scale.double())
     assert other.shape == (5, 3, 4)  # the inputs are left as they were
     if made_by != "load":  # keywords in another order are matched by name
