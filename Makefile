@@ -4,6 +4,7 @@
 #   make test    install what is missing, build, run every test through ctest
 #   make fuzz    fuzz the file loader for FUZZ_SECONDS (default 300) with libFuzzer
 #   make zoo     trace, export and check every scriptable torchvision family
+#   make sweep   every sample input of PyTorch's operator database through torchcap
 #
 # Each target installs missing Debian packages first (`make deps`), so a fresh
 # Debian 12 machine needs nothing else.
@@ -58,6 +59,18 @@ test: build
 .PHONY: zoo
 zoo: build
 	/usr/bin/python3 tests/python/zoo.py --cli $(BUILD_DIR)/torchcap
+
+# Every float32 CPU sample input of PyTorch's operator database (op_db)
+# through torchcap.trace, dispatch_trace and save+load, compared with eager
+# on the samples and on fresh inputs; a summary, the failures by cause and
+# every result that is not ok. Without --all the script checks one sample per
+# operator, in well under a minute.
+# SWEEP_ARGS adds options, e.g. SWEEP_ARGS="--ops nonzero,cat --json sweep.json".
+SWEEP_JOBS ?= $(JOBS)
+.PHONY: sweep
+sweep: build
+	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 tests/python/op_sweep.py --all \
+	  --jobs $(SWEEP_JOBS) $(SWEEP_ARGS)
 
 # Headers, library and CMake package: find_package(torchcap) then works with
 # CMAKE_PREFIX_PATH=$(PREFIX) (see examples/consumer).
