@@ -16,6 +16,7 @@ buffers are the returned module's own tensors, updated by each call.
 import torch
 
 from torchcap._errors import Error, TraceError
+from torchcap._load import _InputMeta
 from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _attribute,
                              _check_args, _module_contents, _require_C, _set_tensor, _to_fx)
 
@@ -94,7 +95,9 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
 
     Raises TraceError when the module is in eval mode, the loss has more than
     one element, a parameter gets no gradient (named), or an operator has no
-    derivative.
+    derivative. A step called with inputs of other dtypes or shapes than
+    those captured, or with something other than a tensor where it takes
+    one, raises InputError naming them.
     """
     _require_C()
     if not isinstance(module, torch.nn.Module):
@@ -114,11 +117,16 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
         graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
                                    options, record_stack_traces, _INTERNAL_DIRS, modules)
     except RuntimeError as e:
-        error = _as_trace_error(e)
+        error = _as_trace_error(e, training=True)
         if error is None:
             raise
         raise error.with_traceback(e.__traceback__) from None
-    step = _to_fx(graph, {}, checked=False)
+    step = _to_fx(graph, {}, checked=True)
+    # Note [Inputs of the traced shapes] in _load.py: each step's inputs are
+    # checked (a plain attribute, as _capture sets it: Note [Attributes
+    # attached on first use] in _trace.py).
+    step.__dict__["_torchcap_inputs"] = tuple(
+        _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in (*args, *targets))
     # The step computes its gradients itself: its parameters do not require
     # grad (autograd would record every call, and refuses some of the backward
     # operators' arguments), as in torchcap.load's modules. Parameters the

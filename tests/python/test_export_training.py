@@ -3,6 +3,7 @@ the C++ tracer, trains as torch.optim trains it eagerly."""
 
 import copy
 import pickle
+import re
 import threading
 
 import pytest
@@ -171,6 +172,29 @@ def test_steps_from_several_threads(tmp_path, loaded):
     assert state["1.num_batches_tracked"].item() == 800
     for n, value in list(eager.named_parameters()) + list(eager.named_buffers()):
         torch.testing.assert_close(state[n], value.detach(), rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_inputs_that_do_not_fit_are_refused():
+    # Note [Inputs of the traced shapes] in _load.py: None, a NumPy array or
+    # a number where the step takes a tensor, or a tensor of another dtype or
+    # shape, is an InputError naming the input, before anything is updated.
+    torch.manual_seed(0)
+    model = Classifier().train()
+    x, y = batches(1)[0]
+    step = torchcap.export_training(model, F.cross_entropy, (x,), (y,),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.05))
+    before = {n: t.clone() for n, t in step.state_dict().items()}
+    calls = {"None": (None, y), "a numpy.ndarray": (x.numpy(), y), "an int (1)": (x, 1)}
+    for got, args in calls.items():
+        with pytest.raises(torchcap.InputError, match=rf"input \d \(ph_\d\): expected a tensor "
+                                                      rf"[fi]\d\d\[[0-9, ]*\], got {re.escape(got)}\n"):
+            step(*args)
+    with pytest.raises(torchcap.InputError,
+                       match=r"input 1 \(ph_1\): expected i64\[4\], got f32\[4\]"):
+        step(x, y.float())
+    for n, t in step.state_dict().items():
+        assert torch.equal(t, before[n]), n
+    assert torch.isfinite(step(x, y)["loss"])
 
 
 def test_errors():
