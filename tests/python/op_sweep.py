@@ -53,7 +53,7 @@ STAGES = ("eager", "make_fx") + MODES
 CLASSES = ("ok", "refused", "error", "wrong", "crash", "skipped")
 FAILING = ("error", "wrong", "crash")
 SEED = 0
-DEFAULT_SAMPLES = 1
+DEFAULT_SAMPLES = 2
 
 # Why torchcap refuses a program on purpose: the name of the reason, the
 # regular expression that identifies its message, and why it is a limit of
@@ -910,8 +910,11 @@ def report(records, no_samples, args, elapsed, out):
             if s["class"] not in ("ok", "skipped"):
                 reason = f" {s['reason']}:" if s.get("reason") else ""
                 note = make_fx_note(r) if s["class"] in FAILING else ""
+                message = s.get("message", "")  # whole in --json
+                if len(message) > 160:
+                    message = message[:157] + "..."
                 lines.append(f"  {r['op']} #{r['sample']} {mode}: {s['class']}{reason} "
-                             f"{s.get('message', '')}{note}")
+                             f"{message}{note}")
     if lines:
         print("\nevery result that is not ok (skipped ones aside):", file=out)
         print("\n".join(lines), file=out)
