@@ -14,14 +14,16 @@ ways:
 
 Each captured module is run on the sample's tensors and on fresh tensors of
 the same shapes (Note [Fresh inputs]) and compared with eager on the same
-tensors: results, and the inputs' values after the call. Each (operator,
+tensors: results, and the inputs' values after the call (only shapes and
+dtypes for operators that draw random numbers). Each (operator,
 sample, mode) ends in one class:
 
     ok        the module computes what eager computes
     refused   a torchcap.Error whose message is a documented refusal (REFUSALS)
     error     any other exception: LibTorch's or Python's own, or a torchcap
               error that is not in REFUSALS
-    wrong     the module's results (or its writes to the inputs) differ from eager's
+    wrong     the module's results (or its writes to the inputs) differ from
+              eager's, or its graph records shapes other than those it computes
     crash     the worker process died or hung (Note [Workers])
     skipped   nothing to check (eager fails on the sample, or the mode needs
               one that did not succeed)
