@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
+
 namespace torchcap {
 namespace {
 
@@ -189,6 +191,77 @@ TEST(Export, PreservedOperatorsStayWholeUnderInferenceMode) {
 }
 
 // --- The checker ------------------------------------------------------------
+
+// Note [Writes export cannot express]
+TEST(Export, InPlaceChangesOfAnInputsShapeOrMemoryAreRefused) {
+  std::vector<std::pair<std::string, std::function<at::Tensor(at::Tensor)>>> cases = {
+      {"aten::t_", [](at::Tensor a) { return a.t_() * 1; }},
+      {"aten::unsqueeze_", [](at::Tensor a) { return a.unsqueeze_(0) * 1; }},
+      {"aten::resize_", [](at::Tensor a) { return a.resize_({6}) * 1; }},
+      {"aten::set_.source_Tensor", [](at::Tensor a) { return a.set_(at::zeros({3})) * 1; }},
+  };
+  for (const auto& [op, body] : cases) {
+    std::string message;
+    try {
+      export_program([&](IValues in) { return c10::IValue(body(in[0].toTensor())); },
+                     {at::randn({2, 3})});
+    } catch (const TraceError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("(" + op + ")"), std::string::npos) << op << ": " << message;
+    EXPECT_NE(message.find("graph input %ph_0"), std::string::npos) << message;
+    EXPECT_NE(message.find("export_test.cpp"), std::string::npos) << message;  // the line
+  }
+  // trace() with allow_input_mutation records the operator itself.
+  TraceOptions mutable_inputs;
+  mutable_inputs.allow_input_mutation = true;
+  GraphModule gm = trace([](IValues in) { return c10::IValue(in[0].toTensor().t_() * 1); },
+                         {at::randn({2, 3})}, mutable_inputs);
+  at::Tensor a = at::randn({2, 3});
+  at::Tensor expected = a.t() * 1;
+  at::Tensor out = Interpreter(gm).run({a}).toTensor();
+  EXPECT_TRUE(at::equal(out, expected));
+  EXPECT_EQ(a.sizes(), c10::IntArrayRef({3, 2}));
+}
+
+TEST(Export, WritesThroughAViewOfAnInputReachTheInput) {
+  auto program = [](IValues in) {
+    at::Tensor a = in[0].toTensor();
+    a.select(0, 0).add_(1);
+    return c10::IValue(a);
+  };
+  GraphModule gm = export_program(program, {at::randn({2, 3})});
+  EXPECT_EQ(find_mutation_or_view(gm.graph()), std::nullopt) << gm.str();
+  at::Tensor a = at::randn({2, 3});
+  at::Tensor eager = a.clone();
+  program({eager});
+  at::Tensor out = Interpreter(gm).run({a}).toTensor();
+  EXPECT_TRUE(at::equal(out, eager));
+  EXPECT_TRUE(at::equal(a, eager));
+}
+
+TEST(Export, OutArgumentsIntoInputsAreRefusedWhenAsked) {
+  auto program = [](IValues in) {
+    at::Tensor a = in[0].toTensor();
+    return c10::IValue(at::add_out(a, a, in[1].toTensor()));
+  };
+  // export: an input write, given back through the signature.
+  GraphModule gm = export_program(program, {at::randn({3}), at::randn({3})});
+  at::Tensor a = at::ones({3});
+  Interpreter(gm).run({a, at::ones({3})});
+  EXPECT_TRUE(at::equal(a, at::full({3}, 2.0)));
+  // dispatch_trace's inputs: immutable to out= arguments.
+  TraceOptions upstream;
+  upstream.refuse_out_into_inputs = true;
+  std::string message;
+  try {
+    export_program(program, {at::randn({3}), at::randn({3})}, upstream);
+  } catch (const TraceError& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message.rfind("Immutable tensor `out` is potentially getting modified by aten::add.out", 0),
+            0u) << message;
+}
 
 TEST(IsFunctional, FindsMutationsViewsAndHiddenWrites) {
   {

@@ -785,6 +785,161 @@ TEST(BadInput, NestedTracesAreRefusedAndLeaveTheOuterGraphAlone) {
   EXPECT_EQ(calls, 1u) << outer.str();  // the add, nothing of the inner attempt
 }
 
+// --- Silent wrong answers, closed as classes -------------------------------------
+
+// Note [Traced tensors on other threads]: an operator run on another thread
+// would be missing from the graph, its result baked in as a constant.
+TEST(OtherThreads, OperatorsOnTracedTensorsThereAreRefused) {
+  std::string message = trace_error([] {
+    trace([](IValues in) {
+      at::Tensor x = in[0].toTensor();
+      at::Tensor y;
+      std::exception_ptr failed;
+      std::thread worker([&] {
+        try {
+          y = x.cos();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      });
+      worker.join();
+      if (failed) std::rethrow_exception(failed);
+      return c10::IValue(y + 1);
+    }, {at::zeros({3})});
+  });
+  EXPECT_NE(message.find("aten::cos was called on a traced tensor on a thread that is not tracing"),
+            std::string::npos) << message;
+}
+
+TEST(OtherThreads, PausedTracesComputeAndEndedOnesComputeAnywhere) {
+  at::Tensor kept;
+  GraphModule gm = trace([&](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    {
+      PauseTracing paused;  // a computation on the side, on the tracing thread
+      EXPECT_TRUE(at::allclose(unwrap_tracing_tensor(x * 2), at::full({2}, 2.0)));
+    }
+    kept = x + 1;
+    return c10::IValue(kept);
+  }, {at::ones({2})});
+  EXPECT_EQ(count_target(gm, "aten::mul.Tensor"), 0u) << gm.str();
+  at::Tensor elsewhere;
+  std::thread([&] { elsewhere = kept * 3; }).join();  // the trace has ended
+  EXPECT_TRUE(at::allclose(elsewhere, at::full({2}, 6.0)));
+}
+
+// Note [Shapes that depend on values]
+TEST(DataDependentShapes, AreRefusedNamingTheOperatorAndTheLine) {
+  auto refused = [](const std::function<at::Tensor(const at::Tensor&)>& body) {
+    return trace_error([&] {
+      trace([&](IValues in) { return c10::IValue(body(in[0].toTensor())); }, {at::randn({6})});
+    });
+  };
+  std::vector<std::pair<std::string, std::function<at::Tensor(const at::Tensor&)>>> cases = {
+      {"aten::nonzero", [](const at::Tensor& x) { return at::nonzero(x > 0); }},
+      {"aten::masked_select", [](const at::Tensor& x) { return at::masked_select(x, x > 0); }},
+      {"aten::index.Tensor", [](const at::Tensor& x) { return x.index({x > 0}); }},
+      {"aten::_unique2", [](const at::Tensor& x) { return std::get<0>(at::_unique2(x.round())); }},
+      {"aten::bincount", [](const at::Tensor& x) { return at::bincount(x.abs().mul(3).to(at::kLong)); }},
+      {"aten::repeat_interleave.Tensor",
+       [](const at::Tensor& x) { return at::repeat_interleave(x.abs().mul(2).to(at::kLong)); }},
+  };
+  for (const auto& [op, body] : cases) {
+    std::string message = refused(body);
+    EXPECT_EQ(message.rfind(op + " returns a tensor whose shape depends on tensor values", 0), 0u)
+        << op << ": " << message;
+    EXPECT_NE(message.find("tracer_test.cpp"), std::string::npos) << message;  // the line
+  }
+}
+
+TEST(DataDependentShapes, FixedShapesOfTheSameOperatorsAreTraced) {
+  GraphModule gm = trace([](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor picked = x.index({at::tensor({0, 2}, at::kLong)});  // integer indices
+    at::Tensor repeated = at::repeat_interleave(x, at::tensor({1, 2, 1, 1, 1, 1}), 0, 7);
+    return c10::IValue(picked.sum() + repeated.sum());
+  }, {at::randn({6})});
+  gm.lint();
+  at::Tensor y = at::randn({6});
+  at::Tensor expected = y.index({at::tensor({0, 2}, at::kLong)}).sum() +
+                        at::repeat_interleave(y, at::tensor({1, 2, 1, 1, 1, 1}), 0, 7).sum();
+  EXPECT_TRUE(at::allclose(Interpreter(gm).run({y}).toTensor(), expected));
+}
+
+TEST(DataDependentShapes, AllowedTheGraphComputesTheSizeOnEveryRun) {
+  TraceOptions allow;
+  allow.allow_data_dependent_values = true;
+  auto program = [](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    return c10::IValue(x.index({x > 0}) * 2);
+  };
+  GraphModule gm = trace(program, {at::tensor({1.f, -1.f, 2.f})}, allow);
+  at::Tensor y = at::tensor({3.f, 4.f, -5.f, 6.f}).narrow(0, 0, 3);
+  at::Tensor more = at::tensor({3.f, 4.f, 5.f});
+  for (const at::Tensor& x : {y, more}) {
+    EXPECT_TRUE(at::equal(Interpreter(gm).run({x}).toTensor(), program({x}).toTensor()));
+  }
+}
+
+// Note [Raw reads of traced tensors]
+TEST(RawReads, OfTracedTensorsAreRefusedNamingTheTensor) {
+  std::string message = trace_error([] {
+    trace([](IValues in) {
+      const float* p = in[0].toTensor().data_ptr<float>();
+      return c10::IValue(in[0].toTensor() * p[0]);
+    }, {at::ones({2})});
+  });
+  EXPECT_EQ(message.rfind("The program reads the memory of traced tensor %ph_0 directly", 0), 0u)
+      << message;
+  // Allowed, the values are read and baked in, as .item()'s are.
+  TraceOptions allow;
+  allow.allow_data_dependent_values = true;
+  GraphModule gm = trace([](IValues in) {
+    const float* p = in[0].toTensor().data_ptr<float>();
+    return c10::IValue(in[0].toTensor() * p[0]);
+  }, {at::full({2}, 3.0)}, allow);
+  EXPECT_TRUE(at::allclose(Interpreter(gm).run({at::ones({2})}).toTensor(), at::full({2}, 3.0)));
+}
+
+TEST(RawReads, ByALibTorchFunctionNameIt) {
+  std::string message = trace_error([] {
+    trace([](IValues in) {
+      auto parts = at::tensor_split(in[0].toTensor(), in[1].toTensor());
+      return c10::IValue(parts[0]);
+    }, {at::randn({6}), at::tensor({2, 4}, at::kLong)});
+  });
+  EXPECT_EQ(message.rfind("aten::tensor_split.tensor_indices_or_sections reads the memory of traced "
+                          "tensor %ph_1 directly", 0), 0u) << message;
+}
+
+// Note [Wrappers are subclass-like]: the composites that read raw memory of
+// ordinary tensors take their operator path for wrappers, as for make_fx's.
+TEST(RawReads, CompositesWithARawFastPathTraceThroughOperators) {
+  auto check = [](const std::function<at::Tensor(const at::Tensor&)>& f, at::Tensor traced_on,
+                  at::Tensor run_on) {
+    GraphModule gm = trace([&](IValues in) { return c10::IValue(f(in[0].toTensor())); }, {traced_on});
+    gm.lint();
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(at::allclose(Interpreter(gm).run({run_on}).toTensor(), f(run_on))) << gm.str();
+  };
+  check([](const at::Tensor& x) { return at::max_pool1d(x, 2); }, at::randn({1, 2, 8}),
+        at::randn({1, 2, 8}));
+  check([](const at::Tensor& x) { return at::real(at::linalg_eigvals(x)); }, at::randn({3, 3}),
+        at::randn({3, 3}));
+}
+
+TEST(Gradients, BackwardInsideATraceSaysItIsNotCaptured) {
+  std::string message = trace_error([] {
+    trace([](IValues in) {
+      at::Tensor w = at::ones({2}).requires_grad_();
+      (in[0].toTensor() * w).sum().backward();
+      return c10::IValue(w.grad());
+    }, {at::ones({2})});
+  });
+  EXPECT_NE(message.find("captures no gradients"), std::string::npos) << message;
+  EXPECT_NE(message.find("export_training"), std::string::npos) << message;
+}
+
 // A module of the user's own, as TORCH_MODULE makes it: its holder's
 // operator() takes any arguments, which must not stop trace(model, {x}) from
 // choosing the holder overload.

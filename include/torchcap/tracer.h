@@ -85,6 +85,10 @@ struct TraceOptions {
   // depends on tensor values (.item(), nonzero, masked_select, ...), name the
   // operator; allow_data_dependent_values cannot apply (there are no values).
   bool meta = false;
+  // Export only (export.h): refuse an out= argument that is a graph input or
+  // a view of one, as trace() does, while writes of in-place operators to
+  // inputs are exported. Upstream's dispatch_trace treats inputs this way.
+  bool refuse_out_into_inputs = false;
 };
 
 namespace detail {
@@ -103,6 +107,7 @@ class PauseTracing {
 
  private:
   detail::TraceState* paused_;
+  detail::TraceState* previously_paused_;
 };
 
 // {aten::linear, aten::layer_norm} under inference mode, nothing otherwise.

@@ -28,6 +28,9 @@
 namespace torchcap {
 
 class Node;
+namespace detail {
+class TraceState;
+}
 
 class TracingTensorImpl final : public c10::TensorImpl {
  public:
@@ -70,6 +73,17 @@ class TracingTensorImpl final : public c10::TensorImpl {
 
  private:
   const char* tensorimpl_type_name() const override;
+  bool expose_storage() const;
+  // Raw access to `memory`'s storage from now on (Note [Raw writes into a
+  // fresh tensor], Note [Raw reads of traced tensors]).
+  void expose(const at::Tensor& memory);
+  void expose_from(const TracingTensorImpl& other) {
+    storage_ = other.storage_;
+    storage_offset_ = other.storage_offset_;
+    storage_exposed_ = true;
+    storage_access_should_throw_ = false;
+  }
+  [[noreturn]] void throw_raw_read(detail::TraceState& st) const;
   c10::intrusive_ptr<TensorImpl> copy_with(c10::VariableVersion version_counter,
                                            bool allow_tensor_metadata_change) const;
 

@@ -21,6 +21,7 @@ import torch.nn
 import torch.utils._pytree as pytree
 from torch.fx.graph_module import _WrappedCall
 
+from torchcap import _errors
 from torchcap._errors import Error, InputError, TraceError
 from torchcap._load import (_BUFFER_UPDATES_LOCK, _FIRST_USE_LOCK, TorchcapCodeGen, _InputMeta,
                             _Spec, _check_inputs, _cyclic_gc_paused,
@@ -39,19 +40,10 @@ _TORCHCAP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames in these files are the tracer's and torch's own: stack traces skip them.
 _INTERNAL_DIRS = [_TORCH_DIR, _TORCHCAP_DIR]
 
-# Messages of torchcap's C++ errors raised inside an operator: torch's Python
-# bindings turn them into RuntimeError on their way out, so they are recognised
-# by their text and raised again as TraceError.
-_TRACE_ERROR_PHRASES = (
-    "reads a tensor's value into C++",
-    "Immutable tensor `",
-    "; a graph cannot express that mutation",
-    "which torchcap cannot record",
-    "traced tensor",
-    "traces do not nest",
-    "in meta mode",
-    "has no meta kernel",
-)
+# Messages of LibTorch's autograd when a program differentiates while traced
+# (the tracer runs it under no_grad).
+_GRADIENT_PHRASES = ("does not require grad and does not have a grad_fn",
+                     "One of the differentiated Tensors does not require grad")
 # The C++ option names in those messages, as the Python API spells them.
 _OPTION_NAMES = {
     "TraceOptions::allow_data_dependent_values": "allow_data_dependent_values=True",
@@ -143,24 +135,37 @@ def _python_message(message):
     return message
 
 
-def _as_trace_error(e):
-    """A TraceError for a torchcap error raised through torch's bindings, or None."""
-    if type(e) is not RuntimeError:
+def _as_trace_error(e, training=False):
+    """The torchcap error that a RuntimeError from torch's bindings was (Note
+    [Errors raised inside operators] in src/trace/trace_state.h), with the
+    program's line; a TraceError for a program that differentiates while
+    traced (unless `training`: export_training's steps); or None."""
+    if type(e) is not RuntimeError or _C is None:
         return None
     message = str(e)
-    if not any(p in message for p in _TRACE_ERROR_PHRASES):
+    kind = _C.operator_error_kind(message)
+    if kind:
+        cls = getattr(_errors, kind)
+    elif not training and any(p in message for p in _GRADIENT_PHRASES):
+        cls = TraceError
+        message = ("the program computes gradients (backward() or torch.autograd.grad) while "
+                   "traced: torchcap.trace and export record the forward computation, under "
+                   "no_grad, and capture no gradients. To capture a training step (forward, "
+                   "backward and the optimizer's update) use torchcap.export_training. "
+                   f"(LibTorch: {message.splitlines()[0]})")
+    else:
         return None
     message = _python_message(message)
     if "Immutable tensor" in message and "graph input" in message:
         message += (" Or let the program write to its inputs: torchcap.trace(..., "
                     "allow_input_mutation=True), or torchcap.export.")
-    where = _user_frame(e.__traceback__)
+    where = None if '\n  File "' in message else _user_frame(e.__traceback__)
     if where is not None:
         file, line, function, code = where
         message += f'\n  File "{file}", line {line}, in {function}'
         if code:
             message += f"\n    {code}"
-    return TraceError(message)
+    return cls(message)
 
 
 # --- Tracing ---------------------------------------------------------------------
@@ -198,7 +203,8 @@ def _check_args(args, kwargs):
 
 
 def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
-             allow_data_dependent_values, record_stack_traces, meta=False):
+             allow_data_dependent_values, record_stack_traces, meta=False,
+             refuse_out_into_inputs=False):
     _require_C()
     if not callable(f):
         raise TypeError(f"torchcap: f must be an nn.Module or a callable, not a "
@@ -230,7 +236,8 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
         try:
             graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
                              allow_input_mutation, allow_data_dependent_values,
-                             record_stack_traces, _INTERNAL_DIRS, modules, meta=meta)
+                             record_stack_traces, _INTERNAL_DIRS, modules, meta=meta,
+                             refuse_out_into_inputs=refuse_out_into_inputs)
         except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
             message = _python_message(str(e))
             if message == str(e):
@@ -926,8 +933,12 @@ def export(f, args, kwargs=None, *, inference=False, preserve=None,
 
 
 def dispatch_trace(f, args):
-    """Upstream's name for export(f, args)."""
-    return export(f, args)
+    """Upstream's dispatch_trace: export(f, args), with the inputs immutable to
+    out= arguments as upstream's tracer has them (writes of in-place operators
+    to inputs are exported; `torch.add(a, b, out=a)` with `a` an input is a
+    TraceError, as in torchcap.trace)."""
+    return _capture(f, args, None, True, False, None, True, False, True,
+                    refuse_out_into_inputs=True)
 
 
 def save(gm, path):

@@ -117,7 +117,7 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
         graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
                                    options, record_stack_traces, _INTERNAL_DIRS, modules)
     except RuntimeError as e:
-        error = _as_trace_error(e)
+        error = _as_trace_error(e, training=True)
         if error is None:
             raise
         raise error.with_traceback(e.__traceback__) from None

@@ -6,6 +6,8 @@
 #include <torchcap/tracing_tensor.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/ivalue_conversion.h"
+#include "graph/operator_facts.h"
 #include "kernels/meta_kernels.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
@@ -13,6 +15,7 @@
 #include <ATen/FunctionalTensorWrapper.h>
 
 #include <optional>
+#include <sstream>
 
 namespace torchcap {
 
@@ -218,6 +221,17 @@ GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>&
     // functionalization's own bookkeeping. Factories are the exception.
     detail::TracingSession session(&st, options.inference_mode, /*capture_plain_tensors=*/false);
     outputs = functionalizer.run(std::move(leaves));
+    // Note [Pending writes are replayed while tracing]
+    // A write through a view (`x[0].add_(1)`) reaches the viewed tensor
+    // when it is next read: functionalization replays the write on it then,
+    // as operators on the traced tensors inside. For the outputs and the
+    // written inputs and buffers that happens here, while the tracer records
+    // (after the session it would compute unrecorded, on tensors that have
+    // no memory to compute on).
+    for (const c10::IValue& v : outputs) {
+      if (v.isTensor() && fz::isFunctionalTensor(v.toTensor())) fz::sync(v.toTensor());
+    }
+    for (const Writable& w : functionalizer.writable) fz::sync(w.functional);
   }
 
   // The program's outputs, then the writes functionalization took out.
@@ -249,8 +263,85 @@ GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>&
 
 namespace {
 
+std::string where(const Node& n) {
+  std::string trace = n.meta().stack_trace.str();
+  if (trace.empty()) return "";
+  if (trace.back() == '\n') trace.pop_back();
+  return "\n" + trace;
+}
+
+const TensorMeta* first_tensor(const ValueMeta& val, size_t index) {
+  return index < val.tensors.size() ? &val.tensors[index] : nullptr;
+}
+
+std::string name_of_root(const Node& root) {
+  return root.op() == OpCode::Placeholder ? "graph input %" + root.name()
+                                          : "attribute " + root.target();
+}
+
+// Note [Writes export cannot express]
+// An exported graph gives the program's writes to its inputs and buffers
+// back as new values, which a run copies into them (export.h). A write that
+// changes a tensor's shape, strides or storage instead (t_, unsqueeze_,
+// resize_, set_, an out= argument that is resized) cannot be given back
+// that way: the copy would fail, or leave the input as it was while the
+// program had replaced it. Such writes are refused before the re-trace,
+// naming the operator and the program's line. trace() with
+// allow_input_mutation records the operator itself and has none of this
+// problem. And with `out_into_inputs_refused` (dispatch_trace), an out=
+// argument that is an input or a view of one is refused as the tracer
+// refuses it, as upstream's dispatch_trace does; in-place writes stay
+// exported.
+void check_writes_export_can_express(const GraphModule& gm, bool out_into_inputs_refused) {
+  for (const Node* n : gm.graph()) {
+    if (!n->is_operator()) continue;
+    const c10::FunctionSchema& s = n->schema();
+    std::vector<const Argument*> given;
+    const auto& params = s.arguments();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!detail::is_write(params[i].alias_info())) continue;
+      if (given.empty()) given = detail::given_arguments(*n);
+      if (given[i] == nullptr || !given[i]->is_node()) continue;
+      const Node* arg = given[i]->to_node();
+      if (out_into_inputs_refused && params[i].kwarg_only()) {
+        const Node* root = detail::memory_root(arg, /*through_views=*/true);
+        if (root->op() == OpCode::Placeholder) {
+          std::ostringstream schema;
+          schema << s;
+          throw TraceError("Immutable tensor `" + params[i].name() +
+                           "` is potentially getting modified by " + schema.str() + ": it is " +
+                           (root == arg ? "graph input %" + root->name()
+                                        : "%" + arg->name() + ", a view of graph input %" + root->name()) +
+                           ", which a graph may not modify. Clone it first." + where(*n));
+        }
+      }
+      const Node* root = detail::memory_root(arg, /*through_views=*/false);
+      if (root->op() != OpCode::Placeholder && root->op() != OpCode::GetAttr) continue;
+      size_t result = 0;
+      for (size_t r = 0; r < s.returns().size(); ++r) {
+        if (detail::written_argument_of(s, s.returns()[r]) == static_cast<int>(i)) result = r;
+      }
+      const TensorMeta* before = first_tensor(arg->meta().val, 0);
+      const TensorMeta* after = first_tensor(n->meta().val, result);
+      const bool replaces_storage = s.name() == "aten::set_";
+      const bool reshapes = before != nullptr && after != nullptr &&
+                            (before->sizes != after->sizes || before->strides != after->strides);
+      if (!replaces_storage && !reshapes) continue;
+      std::string change = replaces_storage ? "replaces the memory of"
+                                            : "changes the shape or strides of";
+      throw TraceError(
+          "export: %" + n->name() + " (" + n->target() + ") " + change + " " + name_of_root(*root) +
+          (reshapes ? " (" + before->str() + " to " + after->str() + ")" : "") +
+          " in place. An exported graph gives an input or buffer new values, not a new shape, "
+          "strides or memory. Compute on a new tensor instead (x = x.t() rather than x.t_()), "
+          "or trace with allow_input_mutation, whose graph runs the operator itself." + where(*n));
+    }
+  }
+}
+
 GraphModule finish_export(GraphModule first, const std::vector<c10::IValue>& inputs,
                           const TraceOptions& options) {
+  check_writes_export_can_express(first, options.refuse_out_into_inputs);
   eliminate_dead_code(first.graph());
   first.remove_unused_attributes();
   return functionalize(first, inputs, options);

@@ -1,3 +1,4 @@
+#include <torchcap/error.h>
 #include <torchcap/meta.h>
 
 #include <ATen/core/Tensor.h>
@@ -46,6 +47,10 @@ std::optional<c10::ScalarType> dtype_from_short_name(const std::string& name) {
 }
 
 TensorMeta TensorMeta::of(const at::Tensor& t) {
+  if (t.layout() != c10::kStrided) {
+    throw Error("a " + c10::str(t.layout()) + " tensor has no strides to record; torchcap records "
+                "strided (dense) tensors only: convert it with to_dense()");
+  }
   TensorMeta m;
   m.dtype = t.scalar_type();
   m.sizes.assign(t.sizes().begin(), t.sizes().end());

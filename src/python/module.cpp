@@ -12,6 +12,7 @@
 // directly]) whose attributes are the traced tensors themselves.
 #include "python/load_bindings.h"
 #include "python/python_source.h"
+#include "trace/trace_state.h"
 
 #include <torchcap/error.h>
 #include <torchcap/export.h>
@@ -261,6 +262,7 @@ struct TraceRequest {
   // (module, qualified path, class) of the modules that appear on module
   // stacks (PythonSource::set_modules).
   py::list modules;
+  bool refuse_out_into_inputs = false;  // TraceOptions::refuse_out_into_inputs
 };
 
 std::unique_ptr<GraphModule> run(TraceRequest& r) {
@@ -286,6 +288,7 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   options.allow_data_dependent_values = r.allow_data_dependent_values;
   options.record_stack_traces = r.record_stack_traces;
   options.meta = r.meta;
+  options.refuse_out_into_inputs = r.refuse_out_into_inputs;
   if (r.record_stack_traces) {
     options.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
   }
@@ -1137,6 +1140,8 @@ PYBIND11_MODULE(_C, m) {
       .def(py::pickle(&pickled_graph, &unpickled_graph));
 
   register_load_bindings(m);
+  // Note [Errors raised inside operators] in src/trace/trace_state.h.
+  m.def("operator_error_kind", &torchcap::detail::take_operator_error_kind, py::arg("message"));
   m.def("save_fx", [](const py::list& nodes, const py::list& attributes, const std::string& path) {
     GraphModule gm = FxReader().read(nodes, attributes);
     py::gil_scoped_release no_gil;
@@ -1153,21 +1158,22 @@ PYBIND11_MODULE(_C, m) {
          bool export_program, bool inference, std::optional<std::vector<std::string>> preserve,
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
-         py::list modules, bool meta) {
+         py::list modules, bool meta, bool refuse_out_into_inputs) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
                        inference,              std::move(preserve),
                        allow_input_mutation,   allow_data_dependent_values,
                        record_stack_traces,    meta,
-                       std::move(internal_dirs), std::move(modules)};
+                       std::move(internal_dirs), std::move(modules),
+                       refuse_out_into_inputs};
         return run(r);
       },
       py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
       py::arg("export_program"), py::arg("inference"), py::arg("preserve"),
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
       py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list(),
-      py::arg("meta") = false);
+      py::arg("meta") = false, py::arg("refuse_out_into_inputs") = false);
 
   m.def(
       "export_training",

@@ -4,8 +4,10 @@
 #include <torchcap/evaluator.h>
 #include <torchcap/tracing_tensor.h>
 
+#include "graph/data_dependence.h"
 #include "graph/hidden_writes.h"
 #include "graph/ivalue_conversion.h"
+#include "graph/operator_facts.h"
 #include "graph/operator_name.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
@@ -31,15 +33,6 @@ std::string schema_str(const c10::FunctionSchema& s) {
   std::ostringstream os;
   os << s;
   return os.str();
-}
-
-bool is_write(const c10::AliasInfo* info) {
-  if (info == nullptr) return false;
-  if (info->isWrite()) return true;
-  for (const c10::AliasInfo& c : info->containedTypes()) {
-    if (is_write(&c)) return true;
-  }
-  return false;
 }
 
 bool is_tensor_type(const c10::Type& t) {
@@ -125,31 +118,6 @@ c10::IValue unwrap(const c10::IValue& v) {
   return v;
 }
 
-// Index of the argument that return `r` writes (same alias set), or -1.
-int written_argument_of(const c10::FunctionSchema& schema, const c10::Argument& r) {
-  if (!r.alias_info() || !r.alias_info()->isWrite()) return -1;
-  const auto& args = schema.arguments();
-  for (size_t i = 0; i < args.size(); ++i) {
-    const c10::AliasInfo* a = args[i].alias_info();
-    if (a != nullptr && a->isWrite() && a->beforeSets() == r.alias_info()->beforeSets()) {
-      return static_cast<int>(i);
-    }
-  }
-  return -1;
-}
-
-// Index of the argument that return `r` is a view of (shares an alias set
-// without writing), or -1.
-int aliased_argument_of(const c10::FunctionSchema& schema, const c10::Argument& r) {
-  if (!r.alias_info() || r.alias_info()->isWrite()) return -1;
-  const auto& args = schema.arguments();
-  for (size_t i = 0; i < args.size(); ++i) {
-    const c10::AliasInfo* a = args[i].alias_info();
-    if (a != nullptr && a->beforeSets() == r.alias_info()->beforeSets()) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 }  // namespace
 
 // Note [Operator facts, looked up once]
@@ -170,6 +138,7 @@ struct OperatorFacts {
   bool returns_data = false;
   bool is_equal = false;   // aten::equal (Note [Data-dependent values])
   bool reshape_alias = false;
+  bool maybe_data_dependent_shape = false;  // Note [Shapes that depend on values]
   std::vector<bool> declared_writes;  // per argument: its alias info writes
   bool writes = false;     // some argument is written, declared or hidden
   const HiddenWrites* hidden = nullptr;
@@ -189,6 +158,7 @@ OperatorFacts derive_facts(const c10::OperatorHandle& op) {
   f.returns_data = returns_data(op);
   f.is_equal = schema.name() == "aten::equal";
   f.reshape_alias = schema.name() == "aten::_reshape_alias" && schema.overload_name().empty();
+  f.maybe_data_dependent_shape = may_have_data_dependent_shape(schema);
   const auto& params = schema.arguments();
   for (const c10::Argument& p : params) {
     f.declared_writes.push_back(is_write(p.alias_info()));
@@ -218,11 +188,36 @@ bool is_immutable_tensor(const c10::IValue& v) {
   return w != nullptr && w->is_immutable();
 }
 
+// A wrapper among `v` whose trace runs on another thread, or nullptr.
+TracingTensorImpl* wrapper_of_trace_elsewhere(const c10::IValue& v) {
+  if (v.isTensor()) {
+    TracingTensorImpl* w = maybe_get_tracing_impl(v.toTensor());
+    return w != nullptr && is_running_elsewhere(w->trace_id()) ? w : nullptr;
+  }
+  if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (TracingTensorImpl* w = wrapper_of_trace_elsewhere(e)) return w;
+    }
+  }
+  return nullptr;
+}
+
 void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
   // No trace on this thread: wrappers compute, nothing is recorded. Results
   // are plain tensors, except write-aliases, which return the argument itself.
   const c10::FunctionSchema& schema = op.schema();
   const size_t n_args = schema.arguments().size();
+  for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
+    if (wrapper_of_trace_elsewhere(*it) != nullptr) {
+      // Note [Traced tensors on other threads] in tracer.cpp.
+      throw TraceError(operator_identity(schema.operator_name()).qualified +
+                       " was called on a traced tensor on a thread that is not tracing it (the "
+                       "trace runs on another thread). A trace records the operators of its own "
+                       "thread only, so this one would be missing from the graph and its result "
+                       "fixed at today's value. Compute on the tracing thread: no thread pools, "
+                       "futures or forks inside a traced program");
+    }
+  }
   std::vector<c10::IValue> original(stack->end() - n_args, stack->end());
   for (auto it = stack->end() - n_args; it != stack->end(); ++it) *it = unwrap(*it);
   op.callBoxed(stack);
@@ -305,14 +300,31 @@ bool check_data_dependence(TraceState& st, const OpCall& c) {
                      " reads a tensor's value into C++ (for example .item(), at::equal, allclose "
                      "or a tensor used as a condition), and in meta mode tensors have no values. "
                      "Keep the computation in tensors (torch::where instead of a branch), or trace "
-                     "without meta mode. Schema: " + schema_str(c.schema));
+                     "without meta mode. Schema: " + schema_str(c.schema) + st.program_location());
   }
   throw TraceError(c.target +
                    " reads a tensor's value into C++ (for example .item(), at::equal, "
                    "allclose or a tensor used as a condition); the graph would bake "
                    "that value, and any branch taken on it, in. Keep the computation in tensors "
                    "(torch::where instead of a branch), or set "
-                   "TraceOptions::allow_data_dependent_values. Schema: " + schema_str(c.schema));
+                   "TraceOptions::allow_data_dependent_values. Schema: " + schema_str(c.schema) +
+                   st.program_location());
+}
+
+// Step 0, continued: a result whose shape depends on tensor values would
+// have the size seen now in the graph (Note [Shapes that depend on values]).
+// In meta mode the operator's missing meta kernel says so (run_meta).
+void check_data_dependent_shape(TraceState& st, const OpCall& c) {
+  if (!c.facts.maybe_data_dependent_shape || st.meta()) return;
+  if (st.options().allow_data_dependent_values) return;
+  if (!has_data_dependent_shape(c.op, c10::ArrayRef<c10::IValue>(*c.stack).slice(c.base))) return;
+  throw TraceError(c.target +
+                   " returns a tensor whose shape depends on tensor values (a boolean mask, "
+                   "nonzero, unique, ...); the graph would fix the size seen now, which other "
+                   "inputs change. Keep shapes fixed (torch::where(mask, x, 0) instead of x[mask]), "
+                   "or set TraceOptions::allow_data_dependent_values: the graph then computes the "
+                   "size on every run, and sizes the program reads from it are fixed. Schema: " +
+                   schema_str(c.schema) + st.program_location());
 }
 
 // Step 1: writes the graph cannot express, and writes to inputs, are refused
@@ -607,6 +619,20 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
       out = st.meta() ? at::empty({0}, at::TensorOptions().device(c10::kMeta)) : at::empty({0});
     }
   }
+  for (size_t j = 0; j < returns.size(); ++j) {
+    const c10::IValue& out = (*c.stack)[rbase + j];
+    auto check = [&](const at::Tensor& t) {
+      if (t.defined() && t.layout() != c10::kStrided) {
+        throw TraceError(c.target + " returns a " + c10::str(t.layout()) +
+                         " tensor; torchcap records strided (dense) tensors only. Convert it with "
+                         "to_dense() in the program. Schema: " + schema_str(c.schema));
+      }
+    };
+    if (out.isTensor()) check(out.toTensor());
+    if (out.isTensorList()) {
+      for (const at::Tensor& t : out.toTensorList()) check(t);
+    }
+  }
   Graph& g = st.graph();
   Node* node = record_node(g, c.op, c.facts, std::move(args), std::move(kwargs));
   node->meta().val = result_meta(c.schema, c10::ArrayRef<c10::IValue>(*c.stack).slice(rbase));
@@ -670,6 +696,7 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
     c.stack->emplace_back(true);
     return;
   }
+  check_data_dependent_shape(st, c);
   std::vector<bool> written = check_writes(c);
   auto [args, kwargs] = record_arguments(st, c);
   Originals original = run_operator(st, c, written);
@@ -717,8 +744,13 @@ void traced_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, Stack*
   if (passes_down(op, ks, stack)) return;
   c10::impl::ExcludeDispatchKeyGuard no_tracer(kTracerKey);
   TraceState* st = current_trace();
-  if (st == nullptr) return run_untraced(op, stack);
-  trace_op(*st, op, stack);
+  try {
+    if (st == nullptr) return run_untraced(op, stack);
+    trace_op(*st, op, stack);
+  } catch (const Error& e) {
+    note_operator_error(e);  // Note [Errors raised inside operators]
+    throw;
+  }
 }
 
 // The fallback: composite operators (which reach the tracer whole only when the
@@ -753,6 +785,17 @@ void ensure_tracer_registered() {
     handles->push_back(d.registerFallback(
         kTracerKey, c10::KernelFunction::makeFromBoxedFunction<&traced_fallback>(),
         "torchcap tracer fallback"));
+    // Note [Wrappers are subclass-like] (tracing_tensor.cpp): a wrapper's
+    // autograd key is AutogradMeta, which LibTorch 1.13, unlike the CPU's,
+    // gives no fallthrough for operators without autograd kernels (custom
+    // operators). It gets the one every other backend has.
+    try {
+      handles->push_back(d.registerFallback(c10::DispatchKey::AutogradMeta,
+                                            c10::KernelFunction::makeFallthrough(),
+                                            "torchcap: autograd of wrappers"));
+    } catch (const c10::Error&) {
+      // Someone registered one already: theirs serves.
+    }
     // A fallback alone would let CompositeExplicitAutograd kernels run before
     // the tracer sees some primitives; a direct kernel per operator does not.
     for (const c10::OperatorName& name : d.getAllOpNames()) {

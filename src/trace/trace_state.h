@@ -97,6 +97,11 @@ class TraceState {
   // during a trace]).
   void before_write(const at::Tensor& t);
 
+  // Where the program is now, for an error message: "\n" and the program's
+  // innermost frames as a traceback (its Python or TorchScript frames when
+  // the front end locates sources), or "" when none is known.
+  std::string program_location() const;
+
   // Meta mode (TraceOptions::meta, Note [Meta mode] in dispatch.cpp).
   bool meta() const { return options_.meta; }
   // What the program computes with in place of plain tensor `t` (a
@@ -141,6 +146,30 @@ class TraceState {
 
 // The trace active on this thread, or nullptr.
 TraceState* current_trace();
+
+// Note [Errors raised inside operators]
+// A torchcap error thrown inside an operator the program called (a refusal
+// of the tracer's kernel, a raw memory read) reaches a Python program as
+// the RuntimeError torch's bindings make of any C++ exception, with the
+// message and nothing else. So each such error is noted here, by its kind
+// and message, as it leaves the tracer, and torchcap's Python front end asks,
+// for a RuntimeError that comes out of the traced program, which torchcap
+// error it was (torchcap._C.operator_error_kind): errors cross by kind, not
+// by phrases matched in their text. The notes are process-wide (the
+// exception may surface on another thread than the one that threw it: a
+// future's) and few: the oldest are dropped.
+void note_operator_error(const std::exception& e);
+// The kind ("TraceError", "InputError", "Error", ...) of the noted error
+// whose message `message` starts with, forgetting it; "" if none.
+std::string take_operator_error_kind(const std::string& message);
+
+// The aten operators whose calls are on this thread's stack, innermost first
+// (read from at::_ops symbols; for error messages only, it is slow).
+std::vector<std::string> operators_on_stack();
+
+// Whether trace `trace_id` is running, but neither active nor paused on this
+// thread (Note [Traced tensors on other threads] in tracer.cpp).
+bool is_running_elsewhere(uint64_t trace_id);
 
 // Makes `state` the active trace of this thread, until destroyed (normally or
 // by an exception). With `capture_plain_tensors`, operators on plain tensors

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <mutex>
 #include <optional>
 
 namespace torchcap {
@@ -29,16 +30,87 @@ namespace detail {
 namespace {
 
 thread_local TraceState* tls_current = nullptr;
+// The trace PauseTracing set aside on this thread, if any.
+thread_local TraceState* tls_paused = nullptr;
 std::atomic<uint64_t> next_trace_id{1};
+
+// Note [Traced tensors on other threads]
+// The active trace is thread-local: an operator that a traced program runs
+// on another thread (a thread pool, a future, torch.jit.fork) reaches the
+// tracer's kernel there with no trace active, computes on the real values,
+// and is recorded nowhere; its result comes back as a plain tensor, which
+// the trace then lifts as a constant. The graph would return the trace's
+// answer for every input. So the traces that are running are listed here
+// (a few at most; asked only on that untraced path), and an operator on a
+// wrapper of a running trace, from a thread where that trace is not active
+// (nor paused, PauseTracing), is refused. Once its trace has ended, a
+// wrapper computes anywhere and records nothing.
+std::mutex live_traces_mutex;
+std::vector<uint64_t> live_traces;
 
 }  // namespace
 
 TraceState* current_trace() { return tls_current; }
 
+namespace {
+
+std::mutex operator_errors_mutex;
+std::vector<std::pair<std::string, std::string>> operator_errors;  // (kind, message), oldest first
+constexpr size_t kMaxOperatorErrors = 16;
+
+const char* kind_of(const std::exception& e) {
+  if (dynamic_cast<const InputError*>(&e) != nullptr) return "InputError";
+  if (dynamic_cast<const WeightError*>(&e) != nullptr) return "WeightError";
+  if (dynamic_cast<const TraceError*>(&e) != nullptr) return "TraceError";
+  if (dynamic_cast<const TypeError*>(&e) != nullptr) return "TraceError";
+  if (dynamic_cast<const Error*>(&e) != nullptr) return "Error";
+  return nullptr;
+}
+
+}  // namespace
+
+void note_operator_error(const std::exception& e) {
+  const char* kind = kind_of(e);
+  if (kind == nullptr) return;
+  std::lock_guard<std::mutex> lock(operator_errors_mutex);
+  if (operator_errors.size() == kMaxOperatorErrors) operator_errors.erase(operator_errors.begin());
+  operator_errors.emplace_back(kind, e.what());
+}
+
+std::string take_operator_error_kind(const std::string& message) {
+  std::lock_guard<std::mutex> lock(operator_errors_mutex);
+  for (auto it = operator_errors.end(); it != operator_errors.begin();) {
+    --it;
+    // torch's bindings may rewrite C++ type names in a message's text, and
+    // TorchScript adds its own lines after it: the first line must match.
+    const std::string& noted = it->second;
+    std::string first = noted.substr(0, noted.find('\n'));
+    if (message.compare(0, first.size(), first) == 0) {
+      std::string kind = it->first;
+      operator_errors.erase(it);
+      return kind;
+    }
+  }
+  return "";
+}
+
+bool is_running_elsewhere(uint64_t trace_id) {
+  if (tls_paused != nullptr && tls_paused->id() == trace_id) return false;
+  if (tls_current != nullptr && tls_current->id() == trace_id) return false;
+  std::lock_guard<std::mutex> lock(live_traces_mutex);
+  return std::find(live_traces.begin(), live_traces.end(), trace_id) != live_traces.end();
+}
+
 }  // namespace detail
 
-PauseTracing::PauseTracing() : paused_(detail::tls_current) { detail::tls_current = nullptr; }
-PauseTracing::~PauseTracing() { detail::tls_current = paused_; }
+PauseTracing::PauseTracing() : paused_(detail::tls_current), previously_paused_(detail::tls_paused) {
+  if (paused_ != nullptr) detail::tls_paused = paused_;
+  detail::tls_current = nullptr;
+}
+PauseTracing::~PauseTracing() {
+  detail::tls_current = paused_;
+  detail::tls_paused = previously_paused_;
+}
 
 namespace detail {
 
@@ -98,9 +170,35 @@ TraceState::TraceState(const TraceOptions& options,
     }
     preserve_.insert(qualified_name(op));
   }
+  // Last: a constructor that throws runs no destructor.
+  std::lock_guard<std::mutex> lock(live_traces_mutex);
+  live_traces.push_back(id_);
 }
 
-TraceState::~TraceState() = default;
+TraceState::~TraceState() {
+  std::lock_guard<std::mutex> lock(live_traces_mutex);
+  live_traces.erase(std::remove(live_traces.begin(), live_traces.end(), id_), live_traces.end());
+}
+
+std::string TraceState::program_location() const {
+  if (!options_.record_stack_traces) return "";
+  StackTrace trace;
+  if (options_.locate_source) {
+    NodeMeta located;
+    options_.locate_source(located);
+    trace = located.stack_trace;
+  } else {
+    trace = StackTrace::capture();
+  }
+  // The innermost frame of the program's own, as a Python traceback ends.
+  const std::vector<SourceFrame>& frames = trace.frames();
+  if (frames.empty()) return "";
+  const SourceFrame& f = frames.front();
+  std::string where = "\n  File \"" + f.file + "\", line " + std::to_string(f.line) + ", in " +
+                      (f.function.empty() ? "?" : f.function);
+  if (!f.code.empty()) where += "\n    " + f.code;
+  return where;
+}
 
 bool TraceState::preserves(const c10::OperatorName& op) const {
   return !preserve_.empty() && preserve_.count(qualified_name(op)) != 0;
@@ -264,6 +362,22 @@ c10::IValue unwrap_all(const c10::IValue& v) {
   return spec.unflatten(real);
 }
 
+// A program that calls backward() (or torch::autograd::grad) while traced
+// hears from LibTorch that its tensor "does not require grad": the tracer
+// runs it under no-grad. Say what is going on instead.
+void throw_if_differentiating(const c10::Error& e) {
+  const std::string message = e.what_without_backtrace();
+  for (const char* phrase : {"does not require grad and does not have a grad_fn",
+                             "One of the differentiated Tensors does not require grad"}) {
+    if (message.find(phrase) == std::string::npos) continue;
+    throw TraceError(
+        "the program computes gradients (backward() or torch::autograd::grad) while traced: "
+        "a trace records the forward computation, under no-grad, and captures no gradients. To "
+        "capture a training step (forward, backward and the optimizer's update) use "
+        "export_training (training.h). (LibTorch: " + message.substr(0, message.find('\n')) + ")");
+  }
+}
+
 }  // namespace
 
 ModuleTensors::ModuleTensors(const ModuleState& state) {
@@ -308,6 +422,11 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
       throw TraceError("input tensor " + std::to_string(i) +
                        " is a traced tensor of another trace; pass real tensors as inputs");
     }
+    if (t.layout() != c10::kStrided) {
+      throw TraceError("input tensor " + std::to_string(i) + " is a " + c10::str(t.layout()) +
+                       " tensor; torchcap traces strided (dense) tensors only. Pass the dense one "
+                       "(to_dense()) and convert inside the program if it needs another layout");
+    }
     Node* ph = g.placeholder("ph_" + std::to_string(i));
     TensorMeta meta = TensorMeta::of(t);
     if (options.meta) {
@@ -334,7 +453,12 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
   c10::IValue result;
   {
     TracingSession session(&st, options.inference_mode);
-    result = fn(std::move(args));
+    try {
+      result = fn(std::move(args));
+    } catch (const c10::Error& e) {
+      throw_if_differentiating(e);
+      throw;
+    }
   }
 
   // Outputs: tensors (or none), rebuilt by the output spec.

@@ -16,17 +16,35 @@
 namespace torchcap {
 namespace {
 
-// The backend of the real tensor goes onto the wrapper, so that autograd picks
-// the matching Autograd<Backend> key; nothing else (conjugate and negative
-// bits are handled when the real operator runs on the real tensor).
+// The backend of the real tensor goes onto the wrapper; nothing else
+// (conjugate and negative bits are handled when the real operator runs on the
+// real tensor).
 constexpr c10::DispatchKeySet kPropagatedKeys({c10::DispatchKey::CPU, c10::DispatchKey::CUDA});
 
+// Note [Wrappers are subclass-like]
+// LibTorch's composite operators that run above the tracer (at the autograd
+// key, before it sees them) take a fast path on ordinary tensors that reads
+// their memory directly: max_pool1d, ctc_loss, linalg_eigvals, tensor_split
+// with tensor indices, ... A wrapper has no memory of its own, so that path
+// failed with LibTorch's "Cannot access data pointer of Tensor that doesn't
+// have storage". For tensors without storage of their own (Python
+// subclasses, make_fx's among them) these composites take a path of
+// operators instead, asking `at::isTensorSubclassLike`, which in 1.13 is true
+// for a tensor whose key set holds the Meta backend bit. So a wrapper carries
+// that bit, beside its real backend's. Nothing reads the bit as a device:
+// is_meta(), is_cpu() and device() read the wrapper's device, which stays the
+// one it reports. Autograd's key for the wrapper becomes AutogradMeta, whose
+// kernels are those of every backend (the Autograd alias), and under the
+// tracer's no-grad they only pass the call down.
+constexpr c10::DispatchKeySet kSubclassLike(c10::BackendComponent::MetaBit);
+
 c10::DispatchKeySet wrapper_keys(const at::Tensor& value, c10::optional<c10::Device> device) {
-  if (!device) return c10::DispatchKeySet(detail::kTracerKey) | (value.key_set() & kPropagatedKeys);
+  const c10::DispatchKeySet tracer = c10::DispatchKeySet(detail::kTracerKey) | kSubclassLike;
+  if (!device) return tracer | (value.key_set() & kPropagatedKeys);
   c10::DispatchKeySet backend;
   if (device->is_cpu()) backend = c10::DispatchKeySet(c10::DispatchKey::CPU);
   if (device->is_cuda()) backend = c10::DispatchKeySet(c10::DispatchKey::CUDA);
-  return c10::DispatchKeySet(detail::kTracerKey) | backend;
+  return tracer | backend;
 }
 
 }  // namespace
@@ -75,15 +93,47 @@ void TracingTensorImpl::refresh_metadata() {
 // tracer lifts the real tensor as a `_tensor_constant` attribute, rebinds the
 // wrapper to that get_attr node, and exposes the real tensor's storage. The
 // writes land in the constant, which the graph module keeps; operators after
-// them use the constant. Any other wrapper keeps refusing raw access.
+// them use the constant.
+//
+// Note [Raw reads of traced tensors]
+// Any other raw access to a wrapper's memory during its trace reads values
+// the graph would then hold as constants: `.data_ptr()`, `.tolist()`,
+// `.numpy()`, an accessor in C++, or a LibTorch function that reads memory
+// itself above the tracer. That is refused with a TraceError naming the
+// operator being run (read off the stack, where there is one) and the
+// program's line, as `.item()` is; with allow_data_dependent_values the
+// real tensor's memory is exposed for reading, and the values are baked in,
+// as `.item()`'s are. A wrapper whose trace has ended computes but has no
+// memory to show.
 bool TracingTensorImpl::has_storage() const {
   if (storage_exposed_) return true;
+  try {
+    return expose_storage();
+  } catch (const Error& e) {
+    detail::note_operator_error(e);  // Note [Errors raised inside operators]
+    throw;
+  }
+}
+
+bool TracingTensorImpl::expose_storage() const {
   detail::TraceState* st = detail::current_trace();
-  if (st == nullptr || st->id() != trace_id_ || node_ == nullptr ||
-      node_->op() != OpCode::CallFunction || !node_->inputs().empty()) {
-    return false;
+  if (st == nullptr || st->id() != trace_id_) {
+    if (detail::is_running_elsewhere(trace_id_)) {
+      throw TraceError("the memory of a traced tensor was read on a thread that is not tracing it; "
+                       "a trace records the operators of its own thread only. Compute on the "
+                       "tracing thread");
+    }
+    throw Error("this traced tensor belongs to a trace that has ended; it has no memory of its "
+                "own. Use the values the traced program returned, or run the graph");
   }
   auto* self = const_cast<TracingTensorImpl*>(this);
+  const bool fresh = node_ != nullptr && node_->op() == OpCode::CallFunction && node_->inputs().empty();
+  if (!fresh) {
+    if (!st->options().allow_data_dependent_values || st->meta()) throw_raw_read(*st);
+    // Read access to the values, which the graph will hold baked in.
+    self->expose(value_);
+    return true;
+  }
   // In meta mode the factory made no memory: the constant gets real memory,
   // on the device the program asked for, and the writes land there.
   at::Tensor written = value_;
@@ -95,28 +145,69 @@ bool TracingTensorImpl::has_storage() const {
     }
     self->rebind(st->node_for(written, "a tensor built by raw writes"));
   }
-  self->storage_ = written.storage();
-  self->storage_offset_ = written.storage_offset();
-  self->storage_exposed_ = true;
+  self->expose(written);
   return true;
 }
 
+void TracingTensorImpl::expose(const at::Tensor& memory) {
+  storage_ = memory.storage();
+  storage_offset_ = memory.storage_offset();
+  storage_exposed_ = true;
+  // storage() too, which NumPy's conversion asks for.
+  storage_access_should_throw_ = false;
+}
+
+void TracingTensorImpl::throw_raw_read(detail::TraceState& st) const {
+  std::vector<std::string> ops = detail::operators_on_stack();
+  Node* n = node_ != nullptr ? node_ : source_;
+  std::string tensor = n == nullptr ? "a traced tensor" : "traced tensor %" + n->name();
+  std::string what;
+  if (ops.empty()) {
+    what = "The program reads the memory of " + tensor +
+           " directly (.data_ptr(), .tolist(), .numpy(), an accessor), so its values would be "
+           "baked into the graph.";
+  } else {
+    std::string via = ops.size() > 1 ? " (through " + ops.front() + ")" : "";
+    what = ops.back() + via + " reads the memory of " + tensor +
+           " directly: LibTorch implements it above the tracer, on raw memory, so the tracer "
+           "cannot record it, and its values would be baked into the graph.";
+  }
+  if (st.meta()) {
+    throw TraceError(what + " In meta mode tensors have no values: trace without meta mode, and "
+                            "compute with tensor operators" + st.program_location());
+  }
+  throw TraceError(what + " Compute with tensor operators, or set "
+                          "TraceOptions::allow_data_dependent_values to read the values and bake "
+                          "them in" + st.program_location());
+}
+
+namespace {
+
+// Thrown where the program's call may come through torch's Python bindings
+// (Note [Errors raised inside operators] in trace_state.h).
+[[noreturn]] void refuse(const std::string& message) {
+  TraceError e(message);
+  detail::note_operator_error(e);
+  throw e;
+}
+
+}  // namespace
+
 void TracingTensorImpl::set_size(int64_t, int64_t) {
-  throw TraceError("cannot set the size of a traced tensor; use an operator such as resize_");
+  refuse("cannot set the size of a traced tensor; use an operator such as resize_");
 }
 
 void TracingTensorImpl::set_stride(int64_t, int64_t) {
-  throw TraceError("cannot set the stride of a traced tensor; use an operator such as as_strided");
+  refuse("cannot set the stride of a traced tensor; use an operator such as as_strided");
 }
 
 void TracingTensorImpl::set_storage_offset(int64_t) {
-  throw TraceError("cannot set the storage offset of a traced tensor");
+  refuse("cannot set the storage offset of a traced tensor");
 }
 
 void TracingTensorImpl::shallow_copy_from(const c10::intrusive_ptr<TensorImpl>&) {
-  throw TraceError(
-      "cannot replace the data of a traced tensor (Tensor::set_data); its value is the result "
-      "of a recorded operator");
+  refuse("cannot replace the data of a traced tensor (Tensor::set_data); its value is the result "
+         "of a recorded operator");
 }
 
 c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::copy_with(
@@ -126,11 +217,7 @@ c10::intrusive_ptr<c10::TensorImpl> TracingTensorImpl::copy_with(
       device() != value_.device() ? c10::make_optional(device()) : c10::nullopt);
   copy->source_ = source_;
   copy->source_index_ = source_index_;
-  if (storage_exposed_) {
-    copy->storage_ = storage_;
-    copy->storage_offset_ = storage_offset_;
-    copy->storage_exposed_ = true;
-  }
+  if (storage_exposed_) copy->expose_from(*this);
   // Inference tensors carry no version counter and may not be given one.
   if (!copy->is_inference()) copy->set_version_counter(std::move(version_counter));
   copy->set_allow_tensor_metadata_change(allow_tensor_metadata_change);
