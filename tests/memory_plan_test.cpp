@@ -403,30 +403,66 @@ TEST(PlannedInterpreter, ThreadsEachGetTheirOwnArena) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
-TEST(PlannedInterpreter, DataDependentSizesFallBackAndSayWhy) {
+// Note [Shapes that depend on values]: allowed, such a value and everything
+// computed from it are left to allocate; nothing is written past a slice.
+TEST(PlannedInterpreter, DataDependentSizesAreNotPlanned) {
   at::NoGradGuard no_grad;
+  TraceOptions allow;
+  allow.allow_data_dependent_values = true;
   GraphModule gm = trace(
       [](std::vector<c10::IValue> in) -> c10::IValue {
-        at::Tensor idx = torch::nonzero(in[0].toTensor());
-        return torch::sum(idx * idx);
+        at::Tensor x = in[0].toTensor();
+        at::Tensor idx = torch::nonzero(x);
+        at::Tensor scaled = (idx * idx + 1).to(at::kFloat) * 2;
+        return torch::sum(scaled) + (x * 3).sum();
       },
-      {torch::tensor({1.f, 0.f, 2.f, 0.f, 3.f, 0.f})});
+      {torch::tensor({1.f, 0.f, 2.f, 0.f, 3.f, 0.f})}, allow);
   Interpreter plain(gm);
   Interpreter planned(gm, InterpreterOptions{true});
-  // More, then fewer non-zeros than when traced: the out variant can neither
-  // grow the slice nor leave a shrunk result where the plan put it.
-  for (at::Tensor x : {torch::tensor({1.f, 1.f, 2.f, 1.f, 3.f, 0.f}), torch::tensor({0.f, 0.f, 2.f, 0.f, 0.f, 0.f}),
+  const MemoryPlan& plan = *planned.memory_plan();
+  for (const PlannedValue& v : plan.values) {
+    EXPECT_NE(v.node, "nonzero");
+    EXPECT_NE(v.node, "mul");  // idx * idx
+  }
+  bool unplanned_noted = false;
+  for (const auto& u : plan.unplanned) {
+    unplanned_noted = unplanned_noted || u.reason == "its size depends on tensor values";
+  }
+  EXPECT_TRUE(unplanned_noted);
+  // More, then fewer non-zeros than when traced.
+  for (at::Tensor x : {torch::tensor({1.f, 1.f, 2.f, 1.f, 3.f, 1.f}), torch::tensor({0.f, 0.f, 2.f, 0.f, 0.f, 0.f}),
                        torch::tensor({1.f, 0.f, 2.f, 0.f, 3.f, 0.f})}) {
     expect_bitwise_equal(plain.run({x}), planned.run({x}), "nonzero");
   }
-  bool noted = false;
+  // Nothing fell back at run time (composites without an out kernel of
+  // their own are listed as such from the start).
   for (const OperatorPlan& op : planned.planned_operators()) {
-    if (op.target == "aten::nonzero") {
-      noted = op.fallback.find("out variant") != std::string::npos;
-      EXPECT_TRUE(noted) << op.fallback;
-    }
+    EXPECT_EQ(op.fallback.find("its out variant"), std::string::npos) << op.target << ": " << op.fallback;
   }
-  EXPECT_TRUE(noted);
+}
+
+// Note [Planned runs]: a run whose operator fails leaves later runs as they were.
+TEST(PlannedInterpreter, AFailedRunDoesNotChangeLaterRuns) {
+  at::NoGradGuard no_grad;
+  GraphModule gm = trace(
+      [](std::vector<c10::IValue> in) -> c10::IValue {
+        at::Tensor picked = at::index_select(in[0].toTensor() * 2, 0, in[1].toTensor());
+        return picked + 1;
+      },
+      {torch::randn({4, 3}), torch::tensor({0, 2}, at::kLong)});
+  Interpreter planned(gm, InterpreterOptions{true});
+  EXPECT_THROW(planned.run({torch::randn({4, 3}), torch::tensor({0, 9}, at::kLong)}), RuntimeError);
+  at::Tensor x = torch::randn({4, 3});
+  at::Tensor out = planned.run({x, torch::tensor({3, 1}, at::kLong)}).toTensor();
+  EXPECT_TRUE(at::allclose(out, at::index_select(x * 2, 0, torch::tensor({3, 1})) + 1));
+  bool found = false;
+  for (const OperatorPlan& op : planned.planned_operators()) {
+    if (op.target != "aten::index_select") continue;
+    found = true;
+    EXPECT_FALSE(op.out_variant.empty()) << "index_select has no out variant in this plan";
+    EXPECT_EQ(op.fallback, "") << "a failed run gave up the out variant for good";
+  }
+  EXPECT_TRUE(found);
 }
 
 }  // namespace

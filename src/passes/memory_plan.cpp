@@ -2,6 +2,7 @@
 // algorithms in memory_plan_offsets.cpp.
 #include <torchcap/memory_plan.h>
 
+#include "graph/data_dependence.h"
 #include "graph/ivalue_conversion.h"
 #include "graph/operator_name.h"
 #include "graph/schema_check.h"
@@ -172,7 +173,7 @@ struct Buffer {
 // Note [What shares a buffer] (memory_plan.h).
 class BufferAnalysis {
  public:
-  explicit BufferAnalysis(const Graph& g) {
+  explicit BufferAnalysis(const Graph& g) : data_dependent_(detail::nodes_of_data_dependent_shape(g)) {
     int32_t step = 0;
     for (const Node* n : g) {
       define(*n, step);
@@ -186,6 +187,7 @@ class BufferAnalysis {
   int32_t num_steps() const { return num_steps_; }
 
  private:
+  std::unordered_set<const Node*> data_dependent_;
   static constexpr int32_t kExternal = -1;  // a graph input or attribute
   static constexpr int32_t kNoTensor = -2;  // not a tensor
 
@@ -251,6 +253,9 @@ class BufferAnalysis {
         b.unplanned = "no recorded metadata";
       } else if (b.meta->device.type() != c10::kCPU) {
         b.unplanned = "not on the CPU";
+      } else if (data_dependent_.count(&n) != 0) {
+        // Note [Shapes that depend on values]: the recorded size is one run's.
+        b.unplanned = "its size depends on tensor values";
       }
       root_[{&n, i}] = static_cast<int32_t>(buffers_.size());
       buffers_.push_back(std::move(b));

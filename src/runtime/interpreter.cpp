@@ -929,10 +929,14 @@ std::vector<at::Tensor> Interpreter::execute(const std::vector<at::Tensor>& inpu
         stack.emplace_back(ins.into);
         ins.into_op.callBoxed(&stack);
       } else if (ins.planned >= 0 && plan.memory->uses_out_variant(ins.planned)) {
-        if (!plan.memory->call(ins.planned, arena->arena(), stack)) {
+        std::string failure;
+        if (!plan.memory->call(ins.planned, arena->arena(), stack, failure)) {
           stack.clear();
           for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
           ins.op.callBoxed(&stack);
+          // The operator works where its out variant did not: give that up
+          // (Note [Planned runs]). Had it thrown, nothing would change.
+          plan.memory->fall_back(ins.planned, arena->arena(), failure);
         }
       } else {
         ins.op.callBoxed(&stack);

@@ -61,22 +61,33 @@ PlannedMemory::Lease::~Lease() {
   memory_.pool_.push_back(std::move(arena_));
 }
 
-void PlannedMemory::fall_back(const Call& c, Arena& arena, const std::string& why) const {
+void PlannedMemory::restore_slices(const Call& c, Arena& arena) const {
   for (int32_t v : c.values) arena.slices[v] = make_slice(arena, v);
+}
+
+void PlannedMemory::fall_back(const Call& c, Arena& arena, const std::string& why) const {
+  restore_slices(c, arena);
   std::lock_guard<std::mutex> lock(mutex_);
   if (!c.fallen_back.load()) c.reason = why;
   c.fallen_back.store(true);
 }
 
-bool PlannedMemory::call(int32_t k, Arena& arena, std::vector<c10::IValue>& stack) const {
+void PlannedMemory::fall_back(int32_t k, Arena& arena, const std::string& why) const {
+  fall_back(calls_[k], arena, why);
+}
+
+bool PlannedMemory::call(int32_t k, Arena& arena, std::vector<c10::IValue>& stack,
+                         std::string& failure) const {
   const Call& c = calls_[k];
   for (const c10::IValue& e : c.out.extra) stack.push_back(e);
   for (int32_t v : c.values) stack.emplace_back(arena.slices[v]);
   try {
     c.out.op.callBoxed(&stack);
   } catch (const std::exception& e) {
+    // Not given up yet: the caller tries the operator itself first.
+    restore_slices(c, arena);
     std::string what = e.what();
-    fall_back(c, arena, "its out variant failed: " + what.substr(0, what.find('\n')));
+    failure = "its out variant failed: " + what.substr(0, what.find('\n'));
     return false;
   }
   for (size_t i = 0; i < c.values.size(); ++i) {

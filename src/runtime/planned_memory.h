@@ -35,9 +35,12 @@ namespace detail {
 // run: planned values are neither outputs nor aliases of outputs.
 //
 // An out variant that does not leave its result where it was given (it
-// resized its out argument, or threw because the slice cannot grow: a result
-// whose size depends on the data) is not used again: the operator falls back
-// to allocating, for this run and after, and `fallbacks` says so.
+// resized its out argument: a result whose size depends on the data) is not
+// used again: the operator falls back to allocating, for this run and after,
+// and `fallbacks` says so. One that throws is retried as the operator itself;
+// only if that succeeds is the out variant given up (fall_back). If the
+// operator fails too, the run's inputs were at fault, not the out variant:
+// the error is the run's, and later runs go on as before.
 class PlannedMemory {
  public:
   explicit PlannedMemory(MemoryPlan plan);
@@ -66,9 +69,12 @@ class PlannedMemory {
   // Whether call `k` still goes through its out variant.
   bool uses_out_variant(int32_t k) const { return !calls_[k].fallen_back.load(std::memory_order_relaxed); }
   // Appends the out arguments of call `k` and runs its out variant. Returns
-  // false, having noted why, if the result is not in the arena: the stack is
-  // then in an unspecified state and the caller runs the operator as usual.
-  bool call(int32_t k, Arena& arena, std::vector<c10::IValue>& stack) const;
+  // false if the out variant threw, with `failure` saying why: the stack is
+  // then in an unspecified state, and the caller runs the operator as usual,
+  // then calls fall_back(k, ...) if that succeeds.
+  bool call(int32_t k, Arena& arena, std::vector<c10::IValue>& stack, std::string& failure) const;
+  // Call `k` allocates from now on, for the reason `why`.
+  void fall_back(int32_t k, Arena& arena, const std::string& why) const;
 
   const MemoryPlan& plan() const { return plan_; }
   // The plan's operators, with the fallbacks found while running.
@@ -85,6 +91,8 @@ class PlannedMemory {
   };
   std::unique_ptr<Arena> make_arena() const;
   at::Tensor make_slice(const Arena& arena, int32_t value) const;
+  // The slices of `c`'s results as made, whatever the out variant did to them.
+  void restore_slices(const Call& c, Arena& arena) const;
   void fall_back(const Call& c, Arena& arena, const std::string& why) const;
 
   MemoryPlan plan_;
