@@ -571,5 +571,44 @@ TEST(ViewsForCopies, SameValuesAndNoOutputAliasesAnAttribute) {
   EXPECT_FALSE(out[1].toTensor().is_alias_of(gm.attribute("w").value));
 }
 
+// Note [Inputs in the traced layout]: embedding_bag's kernel reads its
+// indices as laid out when traced; LibTorch made them contiguous only if
+// they were not.
+TEST(InputLayout, InputsOfOtherStridesAreRunInTheTracedLayout) {
+  at::Tensor weight = at::randn({10, 3});
+  auto bag = [&weight](IValues in) {
+    return c10::IValue(std::get<0>(at::embedding_bag(weight, in[0].toTensor(), in[1].toTensor())));
+  };
+  at::Tensor offsets = at::tensor({0, 2}, at::kLong);
+  at::Tensor strided = at::tensor({0, 9, 2, 9, 4, 9, 5, 9}, at::kLong).slice(0, 0, 8, 2);
+  for (const at::Tensor& traced_with : {strided.contiguous(), strided}) {
+    GraphModule gm = trace(bag, {traced_with, offsets});
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& given : {strided, strided.contiguous()}) {
+      EXPECT_TRUE(at::equal(Interpreter(gm).run({given, offsets}).toTensor(),
+                            bag({given, offsets}).toTensor()));
+      EXPECT_TRUE(at::equal(Interpreter(gm, InterpreterOptions{true}).run({given, offsets}).toTensor(),
+                            bag({given, offsets}).toTensor()));
+    }
+  }
+}
+
+TEST(InputLayout, WrittenInputsOfOtherStridesAreRefused) {
+  TraceOptions writes;
+  writes.allow_input_mutation = true;
+  GraphModule gm = trace([](IValues in) { return c10::IValue(in[0].toTensor().add_(1)); },
+                         {at::zeros({2, 3})}, writes);
+  at::Tensor transposed = at::zeros({3, 2}).t();
+  try {
+    Interpreter(gm).run({transposed});
+    FAIL() << "expected an InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 0 (ph_0) is written by the graph and must have the "
+                                         "strides it was traced with, [3, 1]; got [1, 2]"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(at::equal(transposed, at::zeros({2, 3})));
+}
+
 }  // namespace
 }  // namespace torchcap

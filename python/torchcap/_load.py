@@ -1245,8 +1245,10 @@ class _Reader:
         gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
         if any(t is not None and t.is_meta for _, _, t in attributes):
             gm.register_forward_pre_hook(_refuse_unbound_weights)
+        written = _written_placeholders(self.graph) | {
+            t for kind, t in mutations if kind == "input_mutation"}
         gm._torchcap_inputs = [
-            _InputMeta(node.meta["tensor_meta"].dtype, tuple(node.meta["tensor_meta"].shape), None)
+            _file_input_meta(node.meta["tensor_meta"], node.name in written)
             if isinstance(node.meta.get("tensor_meta"), _TensorMetadata) else _ANY_TENSOR
             for node in self.graph.nodes if node.op == "placeholder"]
         gm.register_forward_pre_hook(_check_loaded_inputs)
@@ -1617,13 +1619,19 @@ def _describe(t):
 # call passed it, "input 1 (ph_1, kwargs['scale'])". The check runs on every
 # call: the usual case is one pass over the inputs, building nothing; the
 # message is made only when something is wrong.
-class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device")):
-    """What a graph input was traced with; device None: not recorded (files)."""
+class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device stride written")):
+    """What a graph input was traced with; device None: not recorded (files).
+    stride: the traced strides when they are dense, else None; written:
+    whether the graph writes the input (Note [Inputs in the traced layout]
+    in src/runtime/interpreter.cpp)."""
 
     @staticmethod
-    def of(t):
-        return _InputMeta(t.dtype, tuple(t.shape), t.device)
+    def of(t, written=False):
+        return _InputMeta(t.dtype, tuple(t.shape), t.device,
+                          t.stride() if t.layout == torch.strided and _dense(t) else None, written)
 
+
+_InputMeta.__new__.__defaults__ = (None, False)
 
 # A tensor input whose dtype and shape the file does not record.
 _ANY_TENSOR = _InputMeta(None, None, None)
@@ -1633,8 +1641,14 @@ def _check_inputs(expected, leaves, labels=None, module=None):
     """InputError unless each of `leaves` is a tensor that matches its
     `expected` _InputMeta (None: not a tensor input; _ANY_TENSOR: any tensor).
     labels(module): each tensor input's name, for the message.
-    Note [Inputs of the traced shapes]."""
-    for want, got in zip(expected, leaves):
+    Note [Inputs of the traced shapes].
+
+    Returns None, or `leaves` as a list with each input of other strides than
+    traced copied into the traced layout (Note [Inputs in the traced layout]
+    in src/runtime/interpreter.cpp); an input the graph writes must come in
+    that layout."""
+    relaid = None
+    for i, (want, got) in enumerate(zip(expected, leaves)):
         if want is None:
             continue
         # _fits_input, inlined: this runs on every call.
@@ -1644,8 +1658,64 @@ def _check_inputs(expected, leaves, labels=None, module=None):
             if got.dtype == want.dtype and got.shape == want.shape:
                 device = want.device
                 if device is None or got.device == device or device.type == "meta" or got.is_meta:
+                    stride = want.stride
+                    if stride is None or got.stride() == stride or _has_layout(got, stride):
+                        continue
+                    if want.written:
+                        _refuse_layout(expected, i, got, labels(module) if labels else None)
+                    if relaid is None:
+                        relaid = list(leaves)
+                    relaid[i] = torch.empty_strided(got.shape, stride, dtype=got.dtype,
+                                                    device=got.device).copy_(got)
                     continue
         _refuse_inputs(expected, leaves, labels(module) if labels is not None else None)
+    return relaid
+
+
+def _has_layout(t, stride):
+    """Whether `t` has strides `stride` where they matter (dimensions of size > 1)."""
+    return t.is_meta or all(a == b for a, b, s in zip(t.stride(), stride, t.shape) if s > 1)
+
+
+def _refuse_layout(expected, index, got, labels):
+    k = sum(1 for want in expected[:index] if want is not None)
+    where = f"input {k}" + (f" ({labels[k]})" if labels is not None and k < len(labels) else "")
+    raise InputError(f"{where} is written by the graph and must have the strides it was traced "
+                     f"with, {list(expected[index].stride)}; got {list(got.stride())}. Pass it in "
+                     f"that layout (contiguous())")
+
+
+def _written_placeholders(graph):
+    """The names of the placeholders a torch.fx graph of aten operators writes
+    in place, directly or through views (its signature's input writes are
+    the caller's to add)."""
+    written, root = set(), {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            root[node] = node
+            continue
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        schema = target._schema
+        given = dict(zip((a.name for a in schema.arguments), node.args))
+        given.update(node.kwargs)
+        for argument in schema.arguments:
+            info = argument.alias_info
+            value = given.get(argument.name)
+            if info is not None and info.is_write and isinstance(value, torch.fx.Node) and \
+                    root.get(value) is not None:
+                written.add(root[value].name)
+        # The result's memory is an argument's (a view, or a write returned).
+        if schema.returns and schema.returns[0].alias_info is not None:
+            sets = schema.returns[0].alias_info.before_set
+            for argument in schema.arguments:
+                value = given.get(argument.name)
+                if argument.alias_info is not None and argument.alias_info.before_set == sets and \
+                        isinstance(value, torch.fx.Node) and root.get(value) is not None:
+                    root[node] = root[value]
+                    break
+    return written
 
 
 def _fits_input(want, got):
@@ -1699,17 +1769,34 @@ def _placeholder_names(gm):
     return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _file_input_meta(meta, written):
+    """The _InputMeta of a placeholder from its recorded metadata (no device)."""
+    stride = tuple(meta.stride)
+    expected = 1
+    for st, size in sorted((st, s) for s, st in zip(meta.shape, stride) if s != 1):
+        if st != expected:
+            stride = None
+            break
+        expected *= size
+    return _InputMeta(meta.dtype, tuple(meta.shape), None, stride, written)
+
+
 def _check_loaded_inputs(gm, args):
     """Forward pre-hook of a loaded module: Note [Inputs of the traced shapes].
-    Arguments of another structure are left to forward, which fails on them."""
+    Arguments of another structure are left to forward, which fails on them.
+    Returns the arguments with inputs in the traced layout when some were not."""
     codegen = gm.graph._codegen
     if not isinstance(codegen, TorchcapCodeGen):  # a graph set by the user since
-        return
+        return None
     try:
         leaves = codegen.process_inputs(*args)
     except (IndexError, KeyError, TypeError):
-        return
-    _check_inputs(gm._torchcap_inputs, leaves, _placeholder_names, gm)
+        return None
+    relaid = _check_inputs(gm._torchcap_inputs, leaves, _placeholder_names, gm)
+    if relaid is None:
+        return None
+    value = _spec_unflatten(codegen.in_spec, list(relaid))
+    return value if codegen.in_spec.kind == "tuple" else (value,)
 
 
 def _dense(t):

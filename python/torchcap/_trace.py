@@ -258,8 +258,10 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
         gm.__dict__["_torchcap_named_result"] = True
     # Note [Inputs of the traced shapes] in _load.py: checked on each call.
     leaves = args if _tensors_only(args, kwargs) else _spec_leaves(in_spec, (args, kwargs), [])
+    written = iter(graph.written_inputs())
     gm.__dict__["_torchcap_inputs"] = tuple(
-        _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in leaves)
+        _InputMeta.of(t, next(written, False)) if isinstance(t, torch.Tensor) else None
+        for t in leaves)
     return gm
 
 
@@ -388,8 +390,12 @@ class _CheckedCall:
             args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
         inputs = obj.__dict__.get("_torchcap_inputs")
         if inputs is not None:  # Note [Inputs of the traced shapes] in _load.py
-            _check_inputs(inputs, args if spec is None or _tensors_only(args, kwargs) else
-                          _spec_leaves(spec, (args, kwargs), []), _traced_input_labels, obj)
+            flat = spec is None or _tensors_only(args, kwargs)
+            relaid = _check_inputs(inputs, args if flat else _spec_leaves(spec, (args, kwargs), []),
+                                   _traced_input_labels, obj)
+            if relaid is not None:  # Note [Inputs in the traced layout]
+                args, kwargs = (tuple(relaid), kwargs) if flat else \
+                    pytree.tree_unflatten(relaid, spec)
         if kwargs and "obj" in kwargs:
             # A program's keyword that torch.fx's _WrappedCall would take for
             # its own parameter (Note [Keywords that are no parameter names]):

@@ -1,6 +1,11 @@
 #include "graph/operator_facts.h"
 
+#include <torchcap/graph_module.h>
 #include <torchcap/node.h>
+
+#include "graph/hidden_writes.h"
+
+#include <unordered_map>
 
 namespace torchcap {
 namespace detail {
@@ -56,6 +61,32 @@ const Node* memory_root(const Node* n, bool through_views) {
     n = given->to_node();
   }
   return n;
+}
+
+std::vector<bool> written_inputs(const GraphModule& gm) {
+  std::unordered_map<const Node*, size_t> input_of;
+  std::vector<bool> written;
+  for (const Node* n : gm.graph()) {
+    if (n->op() != OpCode::Placeholder) continue;
+    input_of[n] = written.size();
+    written.push_back(false);
+  }
+  for (const Node* n : gm.graph()) {
+    if (!n->is_operator()) continue;
+    for (const Argument* a : written_arguments(*n)) {
+      a->for_each_node([&](Node* m) {
+        auto it = input_of.find(memory_root(m, /*through_views=*/true));
+        if (it != input_of.end()) written[it->second] = true;
+      });
+    }
+  }
+  for (const OutputSpec& spec : gm.output_specs) {
+    if (spec.kind != OutputKind::InputMutation) continue;
+    for (const auto& [node, k] : input_of) {
+      if (node->name() == spec.target) written[k] = true;
+    }
+  }
+  return written;
 }
 
 }  // namespace detail

@@ -5,8 +5,11 @@
 
 #include <ATen/core/function_schema.h>
 
+#include <vector>
+
 namespace torchcap {
 
+class GraphModule;
 class Node;
 
 namespace detail {
@@ -27,6 +30,11 @@ int aliased_argument_of(const c10::FunctionSchema& schema, const c10::Argument& 
 // `through_views`, views to the tensor they view. `n` itself when its result
 // is new memory (or `n` is no operator).
 const Node* memory_root(const Node* n, bool through_views);
+
+// Per placeholder of `g`, in order: whether the graph writes it, in place
+// (directly or through a view) or by a write-back of its signature
+// (`output_specs`, export.h).
+std::vector<bool> written_inputs(const GraphModule& gm);
 
 }  // namespace detail
 }  // namespace torchcap

@@ -12,6 +12,7 @@
 // directly]) whose attributes are the traced tensors themselves.
 #include "python/load_bindings.h"
 #include "python/python_source.h"
+#include "graph/operator_facts.h"
 #include "trace/trace_state.h"
 
 #include <torchcap/error.h>
@@ -1134,6 +1135,7 @@ PYBIND11_MODULE(_C, m) {
       .def("__str__", [](const GraphModule& gm) { return gm.str(); })
       .def("code_with_source", [](const GraphModule& gm) { return gm.str(true); })
       .def("training_signature", &signature_of)
+      .def("written_inputs", &torchcap::detail::written_inputs)
       // The C++ module is immutable once made: copies of a torch.fx module share it.
       .def("__copy__", [](py::object self) { return self; })
       .def("__deepcopy__", [](py::object self, py::object) { return self; })

@@ -5,6 +5,7 @@
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 
+#include "graph/operator_facts.h"
 #include "graph/schema_check.h"
 #include "runtime/planned_memory.h"
 
@@ -79,6 +80,9 @@ struct InputCheck {
   std::string name;
   bool has_meta = false;
   TensorMeta meta;
+  // Note [Inputs in the traced layout]
+  bool dense = false;    // the recorded strides are dense and without overlap
+  bool written = false;  // the graph writes the input (in place or written back)
 };
 
 // Note [Run frames]
@@ -161,6 +165,44 @@ struct PlanValue {
   bool multi = false;  // several values from `index` on, read through getitem
 };
 
+// Note [Inputs in the traced layout]
+// LibTorch takes some decisions by a tensor's strides while the program
+// runs: a composite calls contiguous() (recorded as a clone) only when its
+// argument is not contiguous, and a kernel after it may read raw memory in
+// the layout it then expects (embedding_bag's indices). A graph keeps the
+// decisions taken for the traced inputs' strides, so an input of other
+// strides could be read wrongly, without an error. An input whose strides
+// differ from the traced ones is therefore copied into the traced layout
+// before the run, when that layout is dense (as every input traced as it
+// came, contiguous or permuted, is). An input the graph writes cannot be a
+// copy: one of other strides is refused, naming them.
+
+// Whether sizes and strides lay the elements out densely, without overlap.
+bool is_dense_layout(const TensorMeta& m) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims of size > 1
+  for (size_t d = 0; d < m.sizes.size(); ++d) {
+    if (m.sizes[d] == 0) return true;
+    if (m.sizes[d] != 1) dims.emplace_back(m.strides[d], m.sizes[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// Whether `t` has the recorded strides, in the dimensions where they matter
+// (of size > 1).
+bool has_layout(const at::Tensor& t, const TensorMeta& m) {
+  c10::IntArrayRef strides = t.strides();
+  for (size_t d = 0; d < m.sizes.size() && d < strides.size(); ++d) {
+    if (m.sizes[d] > 1 && strides[d] != m.strides[d]) return false;
+  }
+  return true;
+}
+
 // Builds the plan by evaluating the graph symbolically: values are slots.
 class PlanBuilder : public GraphEvaluator<PlanValue> {
  public:
@@ -192,6 +234,10 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       }
       plan_->write_backs.push_back(std::move(wb));
     }
+    std::vector<bool> written = detail::written_inputs(gm_);
+    for (size_t k = 0; k < written.size() && k < plan_->inputs.size(); ++k) {
+      plan_->inputs[k].written = written[k];
+    }
     plan_->num_values = next_value_;
     if (is_functional(gm_.graph())) write_updates_in_place(*plan_);
     compute_frees(*plan_);
@@ -209,6 +255,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     if (n.meta().val.kind == ValueKind::Tensor && !n.meta().val.tensors.empty()) {
       check.has_meta = true;
       check.meta = n.meta().val.tensors[0];
+      check.dense = is_dense_layout(check.meta);
     }
     plan_->inputs.push_back(std::move(check));
     return {Slot::Kind::Input, static_cast<int32_t>(index), false};
@@ -833,6 +880,27 @@ namespace {
 // be used, as in eager), and grad mode refuses it on a leaf that requires
 // grad, as eager does. That refusal is checked before anything runs, so a
 // refused run changes nothing.
+// The inputs in the traced layout (Note [Inputs in the traced layout]): the
+// given ones when all have it; else copies of those that do not. Empty when
+// all have it.
+std::vector<at::Tensor> in_traced_layout(const detail::InterpreterPlan& plan,
+                                         const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> laid_out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const InputCheck& c = plan.inputs[i];
+    const at::Tensor& t = inputs[i];
+    if (!c.has_meta || !c.dense || t.is_meta() || has_layout(t, c.meta)) continue;
+    if (c.written) {
+      throw InputError("input " + std::to_string(i) + " (" + c.name + ") is written by the graph and "
+                       "must have the strides it was traced with, " + c10::str(c10::IntArrayRef(c.meta.strides)) +
+                       "; got " + c10::str(t.strides()) + ". Pass it in that layout (contiguous())");
+    }
+    if (laid_out.empty()) laid_out = inputs;
+    laid_out[i] = at::empty_strided(c.meta.sizes, c.meta.strides, t.options()).copy_(t);
+  }
+  return laid_out;
+}
+
 void check_write_targets(const detail::InterpreterPlan& plan, const std::vector<at::Tensor>& inputs) {
   if (!at::GradMode::is_enabled()) return;
   for (const auto& wb : plan.write_backs) {
@@ -990,7 +1058,8 @@ std::vector<at::Tensor> Interpreter::run_checked(const std::vector<at::Tensor>& 
   std::unique_lock<std::mutex> buffers(plan.buffer_updates, std::defer_lock);
   if (plan.updates_buffers) buffers.lock();
   check_write_targets(plan, inputs);
-  std::vector<at::Tensor> out = execute(inputs, stats);
+  std::vector<at::Tensor> laid_out = in_traced_layout(plan, inputs);
+  std::vector<at::Tensor> out = execute(laid_out.empty() ? inputs : laid_out, stats);
   check_no_meta_outputs(inputs, out);
   // Writes the program made, which the exported graph returns as values
   // (export.h): applied now, so a run has the program's effect (Note

@@ -362,6 +362,23 @@ c10::IValue unwrap_all(const c10::IValue& v) {
   return spec.unflatten(real);
 }
 
+// A copy of `t` with its sizes and strides, overlapping ones included: the
+// program must see the layout the graph records (Note [Inputs in the traced
+// layout] in interpreter.cpp); clone() makes a tensor that is not dense
+// contiguous. The elements `t` spans are copied as one flat run.
+at::Tensor copy_in_layout(const at::Tensor& t) {
+  if (t.is_non_overlapping_and_dense() || t.layout() != c10::kStrided || t.is_meta()) {
+    return t.clone();  // keeps the strides
+  }
+  int64_t span = 1;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 0) return at::empty_strided(t.sizes(), t.strides(), t.options());
+    span += (t.size(d) - 1) * t.stride(d);
+  }
+  at::Tensor flat = t.as_strided({span}, {1}, t.storage_offset()).clone();
+  return flat.as_strided(t.sizes(), t.strides(), 0);
+}
+
 // A program that calls backward() (or torch::autograd::grad) while traced
 // hears from LibTorch that its tensor "does not require grad": the tracer
 // runs it under no-grad. Say what is going on instead.
@@ -444,7 +461,7 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
     }
     ph->meta().val = ValueMeta::tensor(meta);
     // Writable inputs are copies: the caller's tensors keep their values.
-    at::Tensor value = options.allow_input_mutation ? t.detach().clone() : t.detach();
+    at::Tensor value = options.allow_input_mutation ? copy_in_layout(t.detach()) : t.detach();
     wrapped.emplace_back(
         make_tracing_tensor(value, ph, st.id(), /*immutable=*/!options.allow_input_mutation));
   }

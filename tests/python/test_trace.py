@@ -859,6 +859,36 @@ def test_dispatch_trace_refuses_out_arguments_that_are_inputs():
     assert torch.equal(a, torch.full((3,), 2.0))
 
 
+def test_inputs_of_other_strides_run_in_the_traced_layout(tmp_path):
+    # Note [Inputs in the traced layout]: embedding_bag reads its indices as
+    # laid out when traced; LibTorch made them contiguous only if they were not.
+    weight = torch.randn(10, 3)
+    offsets = torch.tensor([0, 2])
+    strided = torch.tensor([0, 9, 2, 9, 4, 9, 5, 9])[::2]
+
+    def f(i, o):
+        return torch.nn.functional.embedding_bag(i, weight, o)
+
+    for traced_with in (strided.contiguous(), strided):
+        modules = [torchcap.trace(f, (traced_with, offsets)),
+                   torchcap.dispatch_trace(f, (traced_with, offsets))]
+        torchcap.save(modules[0], tmp_path / "bag.tcg")
+        modules.append(torchcap.load(tmp_path / "bag.tcg"))
+        for gm in modules:
+            for given in (strided, strided.contiguous()):
+                assert torch.equal(gm(given, offsets), f(given, offsets))
+
+
+def test_written_inputs_of_other_strides_are_refused():
+    gm = torchcap.trace(lambda a: a.add_(1), (torch.zeros(2, 3),), allow_input_mutation=True)
+    transposed = torch.zeros(3, 2).t()
+    with pytest.raises(torchcap.InputError, match=re.escape(
+            "input 0 (ph_0, args[0]) is written by the graph and must have the strides it was "
+            "traced with, [3, 1]; got [1, 2]")):
+        gm(transposed)
+    assert torch.equal(transposed, torch.zeros(2, 3))
+
+
 def test_item_is_an_error():
     with pytest.raises(torchcap.TraceError, match="reads a tensor's value"):
         torchcap.trace(lambda x: x * x.max().item(), (torch.randn(3),))
