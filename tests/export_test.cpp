@@ -224,6 +224,18 @@ TEST(Export, InPlaceChangesOfAnInputsShapeOrMemoryAreRefused) {
   EXPECT_EQ(a.sizes(), c10::IntArrayRef({3, 2}));
 }
 
+TEST(Export, ResizeOfAnIntermediateIsRefusedNamingIt) {
+  std::string message;
+  try {
+    export_program([](IValues in) { return c10::IValue(in[0].toTensor().clone().resize_({25, 5})); },
+                   {at::randn({5, 5, 5})});
+  } catch (const TraceError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("(aten::resize_) resizes %clone in place (f32[5, 5, 5] to f32[25, 5])"),
+            std::string::npos) << message;
+}
+
 TEST(Export, WritesThroughAViewOfAnInputReachTheInput) {
   auto program = [](IValues in) {
     at::Tensor a = in[0].toTensor();

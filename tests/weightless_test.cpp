@@ -145,6 +145,24 @@ TEST(Weightless, BindingAfterTheTraceWithoutAFile) {
   EXPECT_TRUE(torch::allclose(Interpreter(gm).run_flat({x})[0], eager(x), 1e-5, 1e-6));
 }
 
+TEST(Weightless, SparseWeightsAreAWeightErrorNamingThem) {
+  Mlp eager(torch::kCPU);
+  Mlp model(torch::kMeta);
+  GraphModule gm = trace_one(model, on_meta({2, 16}));
+  auto weights = named_tensors(ModuleState::of(*eager));
+  std::string sparse_name = weights.begin()->first;
+  weights[sparse_name] = weights[sparse_name].to_sparse();
+  try {
+    gm.bind_weights(weights);
+    FAIL() << "expected a WeightError";
+  } catch (const WeightError& e) {
+    std::string message = e.what();
+    EXPECT_NE(message.find("'" + sparse_name + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("got a Sparse tensor; pass the dense one (to_dense())"), std::string::npos)
+        << message;
+  }
+}
+
 TEST(Weightless, ALargeModelBuiltOnMetaSavesInKilobytes) {
   // 24 layers of 4096 x 4096: 403 M parameters, 1.6 GB of float32 if real.
   WideStack model(24, 4096);

@@ -315,8 +315,6 @@ void check_writes_export_can_express(const GraphModule& gm, bool out_into_inputs
                            ", which a graph may not modify. Clone it first." + where(*n));
         }
       }
-      const Node* root = detail::memory_root(arg, /*through_views=*/false);
-      if (root->op() != OpCode::Placeholder && root->op() != OpCode::GetAttr) continue;
       size_t result = 0;
       for (size_t r = 0; r < s.returns().size(); ++r) {
         if (detail::written_argument_of(s, s.returns()[r]) == static_cast<int>(i)) result = r;
@@ -326,6 +324,19 @@ void check_writes_export_can_express(const GraphModule& gm, bool out_into_inputs
       const bool replaces_storage = s.name() == "aten::set_";
       const bool reshapes = before != nullptr && after != nullptr &&
                             (before->sizes != after->sizes || before->strides != after->strides);
+      const Node* root = detail::memory_root(arg, /*through_views=*/false);
+      if (root->op() != OpCode::Placeholder && root->op() != OpCode::GetAttr) {
+        // LibTorch 1.13's functionalization of resize_ computes the new
+        // tensor's strides wrongly and fails inside setStorage.
+        if (reshapes && (s.name() == "aten::resize_" || s.name() == "aten::resize_as_")) {
+          throw TraceError("export: %" + n->name() + " (" + n->target() + ") resizes %" + arg->name() +
+                           " in place (" + before->str() + " to " + after->str() +
+                           "), which LibTorch 1.13's functionalization cannot make functional. "
+                           "Make a tensor of the new size instead (new_empty, reshape), or trace "
+                           "without export." + where(*n));
+        }
+        continue;
+      }
       if (!replaces_storage && !reshapes) continue;
       std::string change = replaces_storage ? "replaces the memory of"
                                             : "changes the shape or strides of";

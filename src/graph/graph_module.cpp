@@ -251,6 +251,9 @@ void GraphModule::bind_weights(const NamedTensors& weights, const BindOptions& o
                          ", got an undefined tensor");
     } else if (w.is_meta()) {
       problems.push_back(where + "the tensor is on the meta device: it has no values to bind");
+    } else if (w.layout() != c10::kStrided) {
+      problems.push_back(where + "expected a dense tensor " + describe_weight(a.value) + ", got a " +
+                         c10::str(w.layout()) + " tensor; pass the dense one (to_dense())");
     } else if (w.scalar_type() != a.value.scalar_type() || w.sizes() != a.value.sizes()) {
       problems.push_back(where + "expected " + describe_weight(a.value) + ", got " +
                          describe_weight(w));

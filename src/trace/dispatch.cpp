@@ -214,7 +214,7 @@ void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
                        " was called on a traced tensor on a thread that is not tracing it (the "
                        "trace runs on another thread). A trace records the operators of its own "
                        "thread only, so this one would be missing from the graph and its result "
-                       "fixed at today's value. Compute on the tracing thread: no thread pools, "
+                       "fixed at this run's value. Compute on the tracing thread: no thread pools, "
                        "futures or forks inside a traced program");
     }
   }
