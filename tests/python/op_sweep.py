@@ -85,7 +85,7 @@ REFUSALS = [
      "the program or a LibTorch function implemented above the dispatcher reads a traced "
      "tensor's memory directly (data_ptr, numpy, tolist); what it computes from the bytes "
      "is not recorded and would be baked in"),
-    ("not-strided", r"is a \w+ tensor; torchcap (traces|records) strided \(dense\) tensors only",
+    ("not-strided", r"(is|returns) a \w+ tensor; torchcap (traces|records) strided \(dense\) tensors only",
      "sparse and other non-strided tensors have no strides to record; graphs hold dense tensors"),
     ("export-metadata-write", r"export: %\w+ \([\w:.]+\) (changes the shape or strides of|replaces "
      r"the memory of|resizes %\w+ in place)",
