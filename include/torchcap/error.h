@@ -1,6 +1,6 @@
 // Errors torchcap reports to its users.
 //
-// Two tiers (see STYLE.md): a user mistake throws one of these, with a message
+// Two tiers (see docs/STYLE.md 7): a user mistake throws one of these, with a message
 // that names the operation, the node or input involved, and what to do; a broken
 // internal invariant is an internal assert (TORCH_INTERNAL_ASSERT) instead.
 #pragma once

@@ -5,7 +5,7 @@
 // nodes point back at it. Use `copy()` for a deep copy.
 //
 // Nothing here recurses over the number of nodes: traversal, copying and
-// destruction are loops, so graphs of any length are safe (STYLE.md 13).
+// destruction are loops, so graphs of any length are safe (docs/STYLE.md 13).
 #pragma once
 
 #include <torchcap/node.h>

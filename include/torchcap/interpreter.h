@@ -1,7 +1,7 @@
 // Running a GraphModule on new inputs.
 //
 // The interpreter resolves everything once, when it is built (ExecuTorch's
-// Method, STYLE.md 8): operator handles, argument templates with constants
+// Method, docs/STYLE.md 8): operator handles, argument templates with constants
 // already converted, attribute tensors, and for each value its last use, found
 // by one reverse walk so the value is freed right after. A run then executes
 // from flat tables without string look-ups.

@@ -1,7 +1,7 @@
 // Memory planning: every intermediate tensor of a graph gets an offset in one
 // arena, from its lifetime and its recorded size, so that a run can place all
 // of them in one block allocated ahead of time (ExecuTorch's
-// `memory_planning.py`, STYLE.md 11).
+// `memory_planning.py`, docs/STYLE.md 11).
 //
 // A plan is data, independent of the Graph it was made from: values are named
 // by node name and output index, so a plan can be printed, saved, drawn, or

@@ -6,7 +6,7 @@
 //
 // Edges: a node's inputs are derived from its arguments and kept consistent
 // with every input's `users()` by one write path (`set_args`/`set_kwargs`);
-// every edit goes through it, so edges never drift (STYLE.md 2).
+// every edit goes through it, so edges never drift (docs/STYLE.md 2).
 #pragma once
 
 #include <torchcap/argument.h>

@@ -1,5 +1,5 @@
 // Graph passes: free functions that take a graph and return whether they
-// changed it (STYLE.md 10), and a pass manager that runs a list of them.
+// changed it (docs/STYLE.md 10), and a pass manager that runs a list of them.
 #pragma once
 
 #include <torchcap/error.h>

@@ -109,7 +109,7 @@ std::vector<Node*> Node::replace_all_uses_with(Node* replacement) {
 }
 
 // Edges are derived from arguments here and committed in commit_inputs, the
-// single write path (STYLE.md 2). Collecting validates before anything changes.
+// single write path (docs/STYLE.md 2). Collecting validates before anything changes.
 Node::Inputs Node::collect_inputs(const ArgumentList& args, const Kwargs& kwargs) const {
   Inputs fresh;
   // Sized once: most nodes read a few values, and growing the vector one

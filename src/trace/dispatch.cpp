@@ -1,5 +1,5 @@
 // The tracer's dispatch handler: every aten operator that reaches the tracer's
-// key runs here (STYLE.md 6: one boxed handler, explicit exceptions).
+// key runs here (docs/STYLE.md 6: one boxed handler, explicit exceptions).
 #include <torchcap/error.h>
 #include <torchcap/evaluator.h>
 #include <torchcap/tracing_tensor.h>
