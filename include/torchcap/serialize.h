@@ -39,7 +39,7 @@ struct LoadOptions {
   // header, of its JSON section and of each tensor's bytes, so that damage
   // (a flipped bit on a disk, a file cut and patched by a transfer) is
   // reported instead of becoming a wrong weight. This reads every byte of the
-  // file once at load (about 10 ms for ResNet-18's 45 MB on one core; see
+  // file once at load (docs/benchmarks.md has what that costs, measured by
   // `make bench`). Off, tensor pages are read only when first used and damage
   // to their bytes goes unnoticed; every structural check still runs.
   bool verify_checksums = true;

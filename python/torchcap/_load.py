@@ -965,7 +965,7 @@ class _Reader:
 
         Each node is what read_nodes would make of it, made without
         Graph.create_node where torch.fx would keep its name (as it does for
-        nearly every node): a Node made by hand costs a third as much. Raises
+        nearly every node): a Node made by hand costs much less. Raises
         _NotUsual at anything read_nodes would do otherwise, and the file is
         read again without the compiled part.
         """
@@ -1260,8 +1260,8 @@ def _set_graph_generating_code_later(gm, graph):
 
     Note [Code generated on first use]: torch.fx generates a module's Python
     code and compiles it whenever its graph is set, which for a big graph
-    takes longer than reading the file (a 200,000-node chain: about 40% of
-    torchcap.load). Loading defers it, as later torch.fx does
+    takes longer than reading the file (a large part of torchcap.load on a
+    long chain). Loading defers it, as later torch.fx does
     (_LazyGraphModule): the first call of the module, or the first look at its
     code (gm.code, print(gm)), generates it; gm.recompile() after editing the
     graph works as always. `gm` must be of its own class, as every
@@ -2064,9 +2064,9 @@ def _cyclic_gc_paused():
     """Note [No collections]: Python's cyclic garbage collector runs every few
     hundred new objects and, now and then, walks every live object. Loading,
     tracing and making a torch.fx graph make many objects that all stay
-    alive, so those walks free nothing: they took a third of torchcap.load's
-    time on a 200,000-node graph, and about 1 us per node of
-    torchcap.trace's on the MLP-200. These run without them.
+    alive, so those walks free nothing: they took a large share of
+    torchcap.load's time on big graphs, and of torchcap.trace's on small
+    operators. These run without them.
 
     The collector is one switch for the whole process, and pauses overlap
     when threads trace or load at once. Each pause saving and restoring the

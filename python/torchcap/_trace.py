@@ -296,8 +296,8 @@ def _tensors_only(args, kwargs):
 
 
 # Note [Specs of tensor arguments]
-# The pytree specs of a trace's arguments cost about 36 us right after a
-# ResNet-18 trace at 32x32 (5 us when made once), nearly all of it in cache
+# The pytree specs of a trace's arguments cost several times more right
+# after a trace than when made on their own, nearly all of it in cache
 # misses: after the program ran, pytree's Python code had left the caches. A program
 # called with tensors only, and returning one tensor, has specs that depend
 # only on the number of tensors: made once, and shared by the traced
@@ -532,8 +532,8 @@ def _module_maker():
     """A function making a torch.nn.Module as torch.nn.Module() makes it.
 
     A trace's attributes sit in one plain module per dotted prefix ("0" for
-    "0.weight" in an nn.Sequential), and Module() costs about 2 us, a third
-    of a microsecond per node on the MLP-200. A new module's __dict__ holds
+    "0.weight" in an nn.Sequential), and Module() is slow enough to show in
+    a trace's time per node on small models. A new module's __dict__ holds
     only constants and empty containers (`training`, `_parameters`, ...),
     so a copy of one, with new containers, is a new module: made by one dict
     display. If this torch makes modules otherwise, Module() it is.
@@ -615,9 +615,9 @@ def _to_fx(graph, kwargs, checked=True):
 # Note [Attributes attached on first use]
 # A traced module's attributes are the trace's tensors, each in the plain
 # module of its dotted prefix, as torch.fx's constructor places them (Note
-# [The traced module's attributes] in module.cpp). Making those modules cost
-# a fifth of a ResNet-18 trace's overhead (60 modules, 0.17 ms at 32x32, and
-# a collection walking them afterwards), and a module traced to be saved or
+# [The traced module's attributes] in module.cpp). Making those modules was
+# a large share of a trace's overhead (and a collection walked them
+# afterwards), and a module traced to be saved or
 # run in C++ never needs them. So a traced module starts without its
 # `_parameters`, `_buffers` and `_modules`: nearly everything nn.Module does
 # reads them as attributes (named_parameters, state_dict, to, the generated
@@ -683,8 +683,8 @@ def _current_tensors(gm):
 def _new_graph_module(checked):
     """torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph(),
     class_name="TorchcapGraphModule"), without generating and compiling the
-    code of that empty graph, which its graph setter does (about 40 us a
-    trace; the traced graph replaces it, Note [Graph made on first use]).
+    code of that empty graph, which its graph setter does (time every trace
+    would pay; the traced graph replaces it, Note [Graph made on first use]).
 
     That compile also sets what calling the module runs, once per class (each
     GraphModule has a class of its own): `_wrapped_call`, kept across
@@ -713,9 +713,8 @@ def _set_graph_built_later(gm, build):
     """gm.graph = build(), called when gm's graph is first needed.
 
     Note [Graph made on first use]: making the torch.fx nodes of a traced
-    graph costs about as much as the trace itself (an MLP of 200 layers: 2.2
-    of 4.4 ms), and a program traced to be saved (torchcap.save writes the
-    C++ graph) or run by the C++ side never needs them. So the module holds
+    graph costs about as much as the trace itself, and a program traced to
+    be saved (torchcap.save writes the C++ graph) or run by the C++ side never needs them. So the module holds
     no graph until something asks for one: gm.graph, gm.code, print(gm),
     or the first call. Every one of these reads `self._graph`, which is not
     in the instance's __dict__ until then, so the lookup reaches the class's
@@ -748,7 +747,7 @@ def _traced_module_maker():
     and then _set_graph_built_later(gm, build) make, in less time.
 
     Right after the program ran (its arithmetic had taken the caches), those
-    two took about 0.2 ms a trace (0.03 ms run in a loop): a class statement,
+    two took several times as long as run in a loop: a class statement,
     then ten assignments to the class, each of which makes Python update it
     (and for a special method, its slots), and GraphModule.__init__, which
     makes a module and a graph only to drop them. The class torch.fx makes is

@@ -35,8 +35,8 @@ static_assert(reserved_names_are_short_words(),
 // Whether `s` is a name a node cannot take (graph/reserved_names.h). Every
 // reserved name is 2 to 12 letters, so a name with a digit or an underscore,
 // as most node names have, is decided without a lookup; the rest are looked
-// up in a sorted table. The hash set this replaces took about 60 us of a
-// ResNet-18 trace from Python (perf): a trace asks between kernels that have
+// up in a sorted table. The hash set this replaces was a visible part of a
+// trace from Python: a trace asks between kernels that have
 // flushed the caches, and a lookup there reads several cold cache lines.
 bool is_reserved(std::string_view s) {
   if (s.size() < 2 || s.size() > 12) return false;

@@ -21,8 +21,8 @@ std::string ref(const Node* n) { return "%" + n->name(); }
 
 // A set of nodes by address, open addressing in one array: lint asks, for
 // every node and every edge, whether a node was seen, and a node-based hash
-// set made an allocation and a cache miss or two of each (a fifth of loading
-// a 200,000-node file went to lint's sets).
+// set made an allocation and a cache miss or two of each (a large part of
+// loading a big file went to lint's sets).
 class NodeSet {
  public:
   explicit NodeSet(size_t expected) { resize(expected); }

@@ -159,9 +159,8 @@ py::object own_field(py::handle m, const char* field) {
 // `with_modules`) the (module, qualified path, class name) entries of `root`
 // and its submodules, in one walk, as named_modules(), named_parameters() and
 // named_buffers() list them: depth first, each module once, each tensor once
-// under its first name, None skipped. The same walk in Python took 0.08 ms
-// for ResNet-18 when warm (0.2 ms right after a collection), 0.4 us per
-// node; this one 0.03 ms.
+// under its first name, None skipped. The same walk in Python took several
+// times as long, more right after a collection.
 // Returns None if a module's class lists them its own way (`plain(cls)` is
 // false; the caller asks it through its methods). `class_name(cls)` names a
 // class; both are asked once per class.
@@ -413,8 +412,8 @@ py::list signature_of(const GraphModule& gm) {
 // --- The torch.fx graph -------------------------------------------------------
 // Note [Building the torch.fx graph directly]
 // The graph could reach Python as a file that torchcap.load reads; but the
-// loader checks everything a file may get wrong and cost about 200 us a node
-// that way, as much as make_fx's whole trace. A trace is known to
+// loader checks everything a file may get wrong and cost, a node, as much
+// that way as make_fx's whole trace. A trace is known to
 // be well formed, so its nodes are made here, with the loader's conventions
 // (node names, operator targets, "val" and "tensor_meta", the code generator
 // the Python front end sets).
@@ -987,8 +986,8 @@ py::list attributes(const GraphModule& gm) {
 // ("layer1.0.conv1" for "layer1.0.conv1.weight"), made once by
 // `new_module()` and entered in its parent's `_modules`; a parameter that is
 // an nn.Parameter in `_parameters`, everything else in `_buffers`. The
-// module has no submodules yet. Done in Python, this took 0.18 ms of a
-// ResNet-18 trace (102 attributes, 60 modules) right after the program ran.
+// module has no submodules yet. Done in Python, this was a large part of a
+// trace's overhead, right after the program ran.
 // Returns the (name, kind) of each attribute.
 py::list attach_attributes(const GraphModule& gm, py::handle target, py::handle new_module) {
   static PyObject* const parameter_class =

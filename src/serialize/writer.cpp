@@ -51,8 +51,8 @@ Json double_json(double d) {
 
 // Note [Writing the nodes as text]: the nodes, most of a big graph's
 // document, are written straight into the JSON text, never held as JSON
-// trees (a 200,000-node graph took 4.6 KB a node that way, and most of the
-// time of a save went to making and freeing them). The bytes are those
+// trees (that took kilobytes a node, and most of the time of a save went
+// to making and freeing them). The bytes are those
 // nlohmann::json's dump() gives, which the rest of the document still uses:
 // the same key order, no spaces, and strings and floats that need more than
 // copying written by nlohmann::json itself.
@@ -480,9 +480,9 @@ class Writer {
   // Note [Writing the file in one pass]: the JSON section goes out a piece
   // of about a megabyte at a time, checksummed on the way, and the header,
   // which holds its size and checksum, last, over the zeros written in its
-  // place. A 200,000-node graph's text is 68 MB: held whole, or in pieces
+  // place. A big graph's text is tens of megabytes: held whole, or in pieces
   // until the end, it took that much fresh memory, and the first touch of
-  // each of its pages (a page fault) took a third of a save. A problem found in a node while writing (a string
+  // each of its pages (a page fault) was a large part of a save. A problem found in a node while writing (a string
   // that is not UTF-8, a dtype the format has no name for) throws with the
   // file unfinished; save() then removes it.
   void write(Sink& sink) {

@@ -147,8 +147,7 @@ class Symbolizer {
 
   // The functions (out-of-line and inlined) of one compile unit with their
   // address ranges, read once: libdw's dwarf_getscopes walks the whole unit
-  // for every address, which costs up to 0.1 s on a unit full of LibTorch's
-  // templates.
+  // for every address, which is slow on a unit full of LibTorch's templates.
   struct FunctionIndex {
     struct Function {
       Dwarf_Die die;
@@ -294,8 +293,8 @@ namespace {
 // Note [Stacks recognized by their return address slots]
 // unw_backtrace finds each frame's caller through libunwind's cache of frame
 // layouts, a 256 KB table indexed by a hash of the return address: a random
-// access per frame, some forty a node, which made stack traces about a fifth
-// of the MLP-200's tracing overhead. A stack the thread has seen before is
+// access per frame, some forty a node, which made stack traces a large share
+// of the tracing overhead on small operators. A stack the thread has seen before is
 // recognized without unwinding: whenever capture() is called from the same
 // callers, its frame is at the same depth and their return addresses lie at
 // the same places above it. So the second time a stack is captured, where its
@@ -317,7 +316,7 @@ struct Slot {
 __attribute__((no_sanitize_address)) uintptr_t stack_word(const uintptr_t* at) { return *at; }
 
 // This thread's own stack: [low, high), or empty if unknown. For the main
-// thread glibc's pthread_getattr_np reads /proc/self/maps, 1.6 ms in a
+// thread glibc's pthread_getattr_np reads /proc/self/maps, slow in a
 // process with LibTorch's libraries loaded; its stack ends where glibc
 // recorded the program's first stack pointer, and may grow down to the stack
 // size limit below that.
@@ -357,7 +356,7 @@ const StackBounds& thread_stack() {
 // signal stack or a user-level context's): such stacks are unwound every
 // time. (libunwind's cursor would say exactly where each return address
 // lies, by interpreting the unwind tables frame by frame again; the scan
-// costs 0.07 ms for all of ResNet-18's stacks, and the stack holds a copy
+// is cheap, once per stack, and the stack holds a copy
 // of a return address elsewhere only by rare chance.)
 std::vector<Slot> find_slots(uintptr_t here, void* const* pcs, int n) {
   const StackBounds& stack = thread_stack();
@@ -389,8 +388,8 @@ std::vector<Slot> find_slots(uintptr_t here, void* const* pcs, int n) {
 // comparison, never a wrong match). The search starts after the stack
 // recognized last, as a loop's stacks come back in turn. With probes, a
 // depth can hold 64 stacks, where comparing in full kept 8: ResNet-18 has
-// more than 8 stacks at some depths, and about a third of its captures
-// were unwound on every trace.
+// more than 8 stacks at some depths, and many of its captures were
+// unwound on every trace.
 
 // The index of the first slot where stacks `a` and `b` lie or hold
 // differently (the length of the shorter if one begins the other).

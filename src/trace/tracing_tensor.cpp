@@ -239,8 +239,8 @@ const char* TracingTensorImpl::tensorimpl_type_name() const { return "TracingTen
 // The tracer's key alone does not tell a wrapper: tensors that wrap one copy
 // its keys (Note [Wrappers around traced tensors]). The class is final, so
 // comparing the exact type answers what a dynamic_cast would, without the
-// walk of the class hierarchy that made dynamic_cast about 2 % of a trace's
-// time (several calls per operator).
+// walk of the class hierarchy that made dynamic_cast a visible part of a
+// trace's time (several calls per operator).
 TracingTensorImpl* maybe_get_tracing_impl(const at::TensorBase& t) {
   if (!t.defined()) return nullptr;
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
