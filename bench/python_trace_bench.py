@@ -175,7 +175,7 @@ def parts(model, x, runs=31):
     collection): listing the module's parameters, buffers and submodules,
     the C++ trace given that listing (less the eager time of the same
     round), and the torch.fx module made around its graph. Medians; the
-    README's table of where ResNet-18's overhead goes starts from these.
+    docs/benchmarks.md table of where ResNet-18's overhead goes starts from these.
     Timed before make_fx runs on the model: after them, the same parts
     took up to 40% longer (make_fx leaves the process's memory otherwise
     laid out)."""

@@ -1,4 +1,4 @@
-// The README's training example: capture one training step of a torch::nn
+// The training example of docs/training.md: capture one training step of a torch::nn
 // model, train with it, save it, and continue from the file.
 #include <torchcap/interpreter.h>
 #include <torchcap/serialize.h>

@@ -1,6 +1,6 @@
 # Run by ctest as `cmake -D... -P python_install_test.cmake`: installs the
 # build into a fresh prefix and checks that /usr/bin/python3, with only that
-# prefix's package directory on PYTHONPATH (as the README says), imports the
+# prefix's package directory on PYTHONPATH (as docs/python.md says), imports the
 # installed torchcap, compiled part included, and traces with it.
 foreach(var BUILD_DIR WORK_DIR PYTHON PACKAGE_DIR)
   if(NOT DEFINED ${var} OR "${${var}}" STREQUAL "")
