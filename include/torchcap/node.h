@@ -16,6 +16,7 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ namespace torchcap {
 class Graph;
 namespace detail {
 struct OperatorIdentity;
+struct OperatorFacts;
 }
 
 enum class OpCode : uint8_t { Placeholder, GetAttr, CallFunction, Output };
@@ -56,6 +58,9 @@ class Node {
   // The operator, resolved once when the node was created. Only for is_operator().
   const c10::OperatorHandle& op_handle() const;
   const c10::FunctionSchema& schema() const;
+  // What torchcap knows of the operator (internal: src/graph/operator_facts.h),
+  // looked up on first use. Only for is_operator().
+  const detail::OperatorFacts& facts() const;
 
   const ArgumentList& args() const { return args_; }
   const Kwargs& kwargs() const { return kwargs_; }
@@ -116,6 +121,9 @@ class Node {
   // that calls it. Kept beside the handle: if the operator is deregistered,
   // the handle dangles but lint can still look the name up and report it.
   const detail::OperatorIdentity* operator_ = nullptr;
+  // The operator's facts, once asked for (threads may race to set the same
+  // pointer; the facts live until the process ends).
+  mutable std::atomic<const detail::OperatorFacts*> facts_{nullptr};
   ArgumentList args_;
   Kwargs kwargs_;
   Inputs inputs_;

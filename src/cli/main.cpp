@@ -23,6 +23,7 @@
 #include "cli/cli_inputs.h"
 #include "cli/commands.h"
 #include "cli/memory_view.h"
+#include "graph/operator_name.h"
 #include "serialize/format.h"
 #include "zoo.h"
 
@@ -182,7 +183,7 @@ torch::jit::Module load_torchscript(const std::string& path) {
       size_t begin = at + unknown.size();
       size_t end = what.find_first_of(".\n ", begin);
       std::string op = what.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-      std::string ns = op.substr(0, op.find("::"));
+      std::string ns = detail::operator_namespace(c10::OperatorName{op, ""});
       std::string hint = ns == "torchvision"
                              ? " (torchvision's is the _C*.so file inside its Python package)"
                              : "";

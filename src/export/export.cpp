@@ -28,17 +28,14 @@ std::optional<std::string> find_mutation_or_view(const Graph& g) {
   for (const Node* n : g) {
     if (!n->is_operator()) continue;
     const c10::FunctionSchema& s = n->schema();
-    for (const c10::Argument& a : s.arguments()) {
-      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) {
-        return fail(n, "writes its argument '" + a.name() + "'");
-      }
+    const detail::OperatorFacts& f = n->facts();
+    for (size_t i = 0; i < f.writes.size(); ++i) {
+      if (f.writes[i]) return fail(n, "writes its argument '" + s.arguments()[i].name() + "'");
     }
-    if (n->has_side_effects() && detail::hidden_writes(s.operator_name()) != nullptr) {
+    if (f.hidden != nullptr && n->has_side_effects()) {
       return fail(n, "updates running statistics in place");
     }
-    for (const c10::Argument& r : s.returns()) {
-      if (r.alias_info() != nullptr) return fail(n, "returns a view of its argument");
-    }
+    if (f.returns_alias) return fail(n, "returns a view of its argument");
   }
   return std::nullopt;
 }
@@ -296,10 +293,11 @@ void check_writes_export_can_express(const GraphModule& gm, bool out_into_inputs
   for (const Node* n : gm.graph()) {
     if (!n->is_operator()) continue;
     const c10::FunctionSchema& s = n->schema();
+    const detail::OperatorFacts& f = n->facts();
     std::vector<const Argument*> given;
     const auto& params = s.arguments();
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!detail::is_write(params[i].alias_info())) continue;
+      if (!f.writes[i]) continue;
       if (given.empty()) given = detail::given_arguments(*n);
       if (given[i] == nullptr || !given[i]->is_node()) continue;
       const Node* arg = given[i]->to_node();
@@ -316,8 +314,8 @@ void check_writes_export_can_express(const GraphModule& gm, bool out_into_inputs
         }
       }
       size_t result = 0;
-      for (size_t r = 0; r < s.returns().size(); ++r) {
-        if (detail::written_argument_of(s, s.returns()[r]) == static_cast<int>(i)) result = r;
+      for (size_t r = 0; r < f.written_argument.size(); ++r) {
+        if (f.written_argument[r] == static_cast<int>(i)) result = r;
       }
       const TensorMeta* before = first_tensor(arg->meta().val, 0);
       const TensorMeta* after = first_tensor(n->meta().val, result);

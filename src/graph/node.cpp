@@ -3,6 +3,7 @@
 #include <torchcap/printer.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/operator_facts.h"
 #include "graph/operator_name.h"
 
 #include <c10/util/Exception.h>
@@ -51,6 +52,15 @@ const c10::OperatorHandle& Node::op_handle() const {
 }
 
 const c10::FunctionSchema& Node::schema() const { return op_handle().schema(); }
+
+const detail::OperatorFacts& Node::facts() const {
+  const detail::OperatorFacts* f = facts_.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    f = &detail::operator_facts(op_handle());
+    facts_.store(f, std::memory_order_release);
+  }
+  return *f;
+}
 
 const Argument* Node::kwarg(const std::string& name) const {
   for (const auto& kv : kwargs_) {
@@ -165,11 +175,8 @@ Node* Node::next() const { return next_ == graph_->root_ ? nullptr : next_; }
 bool Node::has_side_effects() const {
   if (op_ == OpCode::Output || op_ == OpCode::Placeholder) return true;
   if (!handle_) return false;  // get_attr, getitem
-  const c10::FunctionSchema& s = handle_->schema();
-  if (s.returns().empty()) return true;
-  for (const c10::Argument& a : s.arguments()) {
-    if (a.alias_info() && a.alias_info()->isWrite()) return true;
-  }
+  const detail::OperatorFacts& f = facts();
+  if (f.returns_nothing || f.writes_declared) return true;
   // Hidden writes, when they happen, to the written arguments given.
   for (const Argument* a : detail::written_arguments(*this)) {
     if (a->is_node()) return true;
@@ -183,15 +190,16 @@ std::vector<const Argument*> written_arguments(const Node& n) {
   std::vector<const Argument*> out;
   if (n.op() != OpCode::CallFunction || n.is_getitem()) return out;
   const c10::FunctionSchema& s = n.op_handle().schema();
+  const OperatorFacts& f = n.facts();
+  if (!f.writes_any()) return out;
   auto given = [&](size_t i) -> const Argument* {
     return i < n.args().size() ? &n.args()[i] : n.kwarg(s.arguments()[i].name());
   };
   for (size_t i = 0; i < s.arguments().size(); ++i) {
-    const c10::AliasInfo* info = s.arguments()[i].alias_info();
-    if (info == nullptr || !info->isWrite()) continue;
+    if (!f.writes[i]) continue;
     if (const Argument* a = given(i)) out.push_back(a);
   }
-  if (const HiddenWrites* hidden = hidden_writes(s.operator_name())) {
+  if (const HiddenWrites* hidden = f.hidden) {
     const Argument* cond = given(hidden->condition);
     if (cond != nullptr && cond->is_bool() && cond->to_bool()) {
       for (size_t i : hidden->arguments) {

@@ -1,6 +1,7 @@
 #include <torchcap/passes.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/operator_facts.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
@@ -17,14 +18,12 @@ bool is_pure(const Node& n) {
   if (n.op() != OpCode::CallFunction) return false;
   if (n.is_getitem()) return true;
   const c10::OperatorHandle& op = n.op_handle();
-  const c10::FunctionSchema& s = op.schema();
-  if (s.returns().empty() || s.is_mutable()) return false;
-  for (const c10::Argument& a : s.arguments()) {
-    if (a.alias_info() != nullptr) return false;  // writes, or is viewed
+  const detail::OperatorFacts& f = n.facts();
+  // An argument that is written or viewed, or a result that is a view (a
+  // distinct alias), makes equal calls distinct.
+  if (f.returns_nothing || f.mutable_schema || f.any_alias) return false;
+  for (const c10::Argument& a : op.schema().arguments()) {
     if (detail::is_generator_argument(a)) return false;
-  }
-  for (const c10::Argument& r : s.returns()) {
-    if (r.alias_info() != nullptr) return false;  // a view: a distinct alias
   }
   if (op.hasTag(at::Tag::nondeterministic_seeded)) return false;
   if (n.has_side_effects()) return false;

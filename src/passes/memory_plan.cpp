@@ -4,6 +4,7 @@
 
 #include "graph/data_dependence.h"
 #include "graph/ivalue_conversion.h"
+#include "graph/operator_facts.h"
 #include "graph/operator_name.h"
 #include "graph/schema_check.h"
 #include "passes/memory_plan_offsets.h"
@@ -42,57 +43,8 @@ const PlannedValue* MemoryPlan::find(const std::string& node, int32_t output) co
 
 // --- Out variants -------------------------------------------------------------
 
-namespace {
-
-// Overload names by operator name, read once from the dispatcher.
-const std::map<std::string, std::vector<std::string>>& overloads_by_name() {
-  static const std::map<std::string, std::vector<std::string>> table = [] {
-    std::map<std::string, std::vector<std::string>> t;
-    for (const c10::OperatorName& n : c10::Dispatcher::singleton().getAllOpNames()) {
-      t[n.name].push_back(n.overload_name);
-    }
-    return t;
-  }();
-  return table;
-}
-
-bool writes(const c10::Argument& a) { return a.alias_info() != nullptr && a.alias_info()->isWrite(); }
-
-// Whether `out` is `functional` plus one written Tensor per return.
-bool is_out_form_of(const c10::FunctionSchema& out, const c10::FunctionSchema& functional) {
-  const auto& fa = functional.arguments();
-  const auto& oa = out.arguments();
-  size_t n = functional.returns().size();
-  if (oa.size() != fa.size() + n || out.returns().size() != n) return false;
-  for (size_t i = 0; i < fa.size(); ++i) {
-    if (oa[i].name() != fa[i].name() || *oa[i].type() != *fa[i].type() || writes(oa[i])) return false;
-  }
-  for (size_t i = fa.size(); i < oa.size(); ++i) {
-    if (!writes(oa[i]) || oa[i].type()->kind() != c10::TypeKind::TensorType) return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
-  const c10::FunctionSchema& schema = op.schema();
-  if (schema.returns().empty()) return std::nullopt;
-  for (const c10::Argument& r : schema.returns()) {
-    if (r.alias_info() != nullptr || r.type()->kind() != c10::TypeKind::TensorType) return std::nullopt;
-  }
-  for (const c10::Argument& a : schema.arguments()) {
-    if (writes(a)) return std::nullopt;
-  }
-  const auto& table = overloads_by_name();
-  auto it = table.find(schema.name());
-  if (it == table.end()) return std::nullopt;
-  for (const std::string& overload : it->second) {
-    if (overload == schema.overload_name()) continue;
-    auto handle = c10::Dispatcher::singleton().findOp({schema.name(), overload});
-    if (handle && handle->hasSchema() && is_out_form_of(handle->schema(), schema)) return *handle;
-  }
-  return std::nullopt;
+  return detail::operator_facts(op).out_variant;
 }
 
 namespace detail {
@@ -139,24 +91,6 @@ bool is_unannotated_view(const c10::FunctionSchema& s) {
     if (s.name() == name) return true;
   }
   return false;
-}
-
-// The alias sets an argument or return is in, its elements' included: a
-// Tensor[] result of views (`split -> Tensor(a)[]`) carries its set on the
-// element type.
-std::unordered_set<c10::Symbol> alias_sets(const c10::Argument& a) {
-  std::unordered_set<c10::Symbol> sets;
-  std::vector<const c10::AliasInfo*> work;
-  if (a.alias_info() != nullptr) work.push_back(a.alias_info());
-  while (!work.empty()) {
-    const c10::AliasInfo* info = work.back();
-    work.pop_back();
-    for (const c10::Symbol& s : info->beforeSets()) {
-      if (s != c10::AliasInfo::wildcardSet()) sets.insert(s);
-    }
-    for (const c10::AliasInfo& contained : info->containedTypes()) work.push_back(&contained);
-  }
-  return sets;
 }
 
 struct Buffer {
@@ -223,9 +157,11 @@ class BufferAnalysis {
                         ? (val.kind == ValueKind::List ? static_cast<int32_t>(val.tensors.size()) : 0)
                         : static_cast<int32_t>(returns.size());
     std::vector<const Argument*> given;
+    const detail::OperatorFacts& facts = n.facts();
     bool unannotated_view = is_unannotated_view(schema);
     for (int32_t i = 0; i < count; ++i) {
-      const c10::Argument& r = returns[produces == detail::Produces::TensorList ? 0 : i];
+      const std::vector<c10::Symbol>& sets =
+          facts.return_sets[produces == detail::Produces::TensorList ? 0 : i];
       if (unannotated_view) {
         const Argument& self = n.args().at(0);
         int32_t root = self.is_node() ? root_of(self.to_node(), 0) : kNoTensor;
@@ -233,10 +169,9 @@ class BufferAnalysis {
         add_alias(root, n);
         continue;
       }
-      std::unordered_set<c10::Symbol> sets = alias_sets(r);
       if (!sets.empty()) {
         if (given.empty()) given = detail::given_arguments(n);
-        int32_t root = aliased_root(schema, given, sets);
+        int32_t root = aliased_root(facts, given, sets);
         root_[{&n, i}] = root;
         add_alias(root, n);
         continue;
@@ -263,13 +198,14 @@ class BufferAnalysis {
   }
 
   // The buffer the argument sharing `alias`'s set belongs to.
-  int32_t aliased_root(const c10::FunctionSchema& schema, const std::vector<const Argument*>& given,
-                       const std::unordered_set<c10::Symbol>& sets) {
-    const auto& params = schema.arguments();
-    for (size_t p = 0; p < params.size(); ++p) {
+  int32_t aliased_root(const detail::OperatorFacts& facts, const std::vector<const Argument*>& given,
+                       const std::vector<c10::Symbol>& sets) {
+    for (size_t p = 0; p < facts.argument_sets.size(); ++p) {
       if (given[p] == nullptr) continue;
       bool shares = false;
-      for (const c10::Symbol& s : alias_sets(params[p])) shares = shares || sets.count(s) > 0;
+      for (const c10::Symbol& s : facts.argument_sets[p]) {
+        shares = shares || std::find(sets.begin(), sets.end(), s) != sets.end();
+      }
       if (!shares) continue;
       int32_t root = kExternal;
       bool found = false;

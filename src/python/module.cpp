@@ -10,9 +10,10 @@
 // The Python front end (torchcap/_trace.py) turns the returned GraphModule
 // into a torch.fx.GraphModule (build_fx, Note [Building the torch.fx graph
 // directly]) whose attributes are the traced tensors themselves.
+#include "graph/operator_facts.h"
+#include "graph/operator_name.h"
 #include "python/load_bindings.h"
 #include "python/python_source.h"
-#include "graph/operator_facts.h"
 #include "trace/trace_state.h"
 
 #include <torchcap/error.h>
@@ -713,13 +714,11 @@ class FxBuilder {
   py::object op(const std::string& target) {
     auto it = ops_by_name_.find(target);
     if (it != ops_by_name_.end()) return it->second;
-    size_t sep = target.find("::");
-    std::string rest = target.substr(sep + 2);
-    size_t dot = rest.find('.');
-    std::string name = rest.substr(0, dot);
-    std::string overload = dot == std::string::npos ? "default" : rest.substr(dot + 1);
-    py::object fn = ops_.attr(target.substr(0, sep).c_str()).attr(name.c_str()).attr(
-        overload.c_str());
+    c10::OperatorName parsed = torchcap::detail::parse_operator_name(target);
+    std::string overload = parsed.overload_name.empty() ? "default" : parsed.overload_name;
+    py::object fn = ops_.attr(torchcap::detail::operator_namespace(parsed).c_str())
+                        .attr(torchcap::detail::operator_stem(parsed).c_str())
+                        .attr(overload.c_str());
     return ops_by_name_.emplace(target, fn).first->second;
   }
 

@@ -6,6 +6,7 @@
 #include <torchcap/printer.h>
 
 #include "graph/operator_facts.h"
+#include "graph/operator_name.h"
 #include "graph/schema_check.h"
 #include "runtime/planned_memory.h"
 
@@ -394,11 +395,8 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       if (n.target() != copy) continue;
       auto it = view_ops_.find(view);
       if (it == view_ops_.end()) {
-        std::string name = view;
-        size_t dot = name.find('.');
-        std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
         c10::optional<c10::OperatorHandle> handle =
-            c10::Dispatcher::singleton().findSchema({name.substr(0, dot), overload});
+            c10::Dispatcher::singleton().findSchema(detail::parse_operator_name(view));
         std::optional<c10::OperatorHandle> found;
         if (handle) found = *handle;
         it = view_ops_.emplace(std::string(view), std::move(found)).first;
@@ -463,11 +461,8 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
   std::optional<PlanValue> fold_view(const Node& n, const Instruction& ins) {
     const c10::FunctionSchema& schema = ins.op.schema();
     if (schema.returns().size() != 1 || detail::produces(n) != detail::Produces::Tensor) return std::nullopt;
-    const c10::AliasInfo* ret = schema.returns()[0].alias_info();
-    if (ret == nullptr || ret->isWrite()) return std::nullopt;
-    for (const c10::Argument& a : schema.arguments()) {
-      if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return std::nullopt;
-    }
+    const detail::OperatorFacts& facts = detail::operator_facts(ins.op);
+    if (facts.viewed_argument[0] < 0 || facts.writes_declared) return std::nullopt;
     bool reads_attribute = false;
     for (const Slot& s : ins.args) {
       if (s.kind == Slot::Kind::Attribute) {
@@ -545,9 +540,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     };
     for (size_t k = 0; k < plan.instructions.size(); ++k) {
       const Instruction& ins = plan.instructions[k];
-      const c10::FunctionSchema& schema = ins.op.schema();
-      bool view = false;
-      for (const c10::Argument& r : schema.returns()) view = view || r.alias_info() != nullptr;
+      bool view = detail::operator_facts(ins.op).returns_alias;
       for (int32_t o = ins.out; o >= 0 && o < ins.out + ins.num_outputs; ++o) {
         producer[o] = static_cast<int32_t>(k);
         if (view) {

@@ -3,6 +3,7 @@
 #include <torchcap/graph_module.h>
 #include <torchcap/printer.h>
 
+#include "graph/operator_name.h"
 #include "graph/python_literals.h"
 
 #include <unordered_map>
@@ -32,8 +33,7 @@ std::string attribute_access(const std::string& path) {
 // "aten::add.Tensor" -> torch.ops.aten.add.Tensor; "aten::addmm" -> torch.ops.aten.addmm.default
 std::string operator_access(const Node& n) {
   const c10::OperatorName& name = n.op_handle().operator_name();
-  size_t ns = name.name.find("::");
-  std::string out = "torch.ops." + name.name.substr(0, ns) + "." + name.name.substr(ns + 2);
+  std::string out = "torch.ops." + detail::operator_namespace(name) + "." + detail::operator_stem(name);
   return out + "." + (name.overload_name.empty() ? "default" : name.overload_name);
 }
 

@@ -3,6 +3,7 @@
 #include <torchcap/serialize.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/operator_facts.h"
 #include "serialize/format.h"
 #include "serialize/json_scan.h"
 #include "serialize/utf8.h"
@@ -356,28 +357,13 @@ class Sink {
 // in place would, loaded, not see the write through the other: a silent
 // wrong answer, so such a module is refused.
 
-// The node whose value `n`'s value is a view of, followed back to where no
-// result aliases an argument (a get_attr, a placeholder, a computed value).
-const Node* alias_root(const Node* n) {
-  while (n->op() == OpCode::CallFunction && !n->is_getitem() && !n->args().empty() &&
-         n->args()[0].is_node()) {
-    const c10::FunctionSchema& s = n->op_handle().schema();
-    if (s.returns().empty() || s.returns()[0].alias_info() == nullptr ||
-        s.arguments().empty() || s.arguments()[0].alias_info() == nullptr) {
-      break;
-    }
-    n = n->args()[0].to_node();
-  }
-  return n;
-}
-
 // The get_attr nodes whose memory `n` writes, declared or not (Note [Writes
 // the schema does not declare]).
 std::vector<const Node*> written_attributes(const Node* n) {
   std::vector<const Node*> out;
   for (const Argument* a : detail::written_arguments(*n)) {
     if (!a->is_node()) continue;
-    const Node* root = alias_root(a->to_node());
+    const Node* root = detail::memory_root(a->to_node(), /*through_views=*/true);
     if (root->op() == OpCode::GetAttr) out.push_back(root);
   }
   return out;

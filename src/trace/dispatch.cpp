@@ -35,55 +35,6 @@ std::string schema_str(const c10::FunctionSchema& s) {
   return os.str();
 }
 
-bool is_tensor_type(const c10::Type& t) {
-  const c10::Type& u = unwrap_optional(t);
-  if (u.kind() == c10::TypeKind::TensorType) return true;
-  return u.kind() == c10::TypeKind::ListType &&
-         is_tensor_type(*u.expectRef<c10::ListType>().getElementType());
-}
-
-bool is_number_type(const c10::Type& t) {
-  using K = c10::TypeKind;
-  const c10::Type& u = unwrap_optional(t);
-  switch (u.kind()) {
-    case K::IntType:
-    case K::SymIntType:
-    case K::FloatType:
-    case K::BoolType:
-    case K::NumberType:
-    case K::ComplexType:
-      return true;
-    case K::ListType:
-      return is_number_type(*u.expectRef<c10::ListType>().getElementType());
-    default:
-      return false;
-  }
-}
-
-// Note [Data-dependent values]
-// An operator that hands a value computed from tensor data back to the
-// program as a plain C++ value (`.item()`, `at::equal`, `allclose`, a tensor
-// used as a condition) lets the program branch on it: the graph would bake
-// that value, and the branch taken, in. Which operators do is read from their
-// registration, not from a list of names: results that are no tensor, of an
-// operator LibTorch tags `data_dependent_output`; for operators of other
-// libraries, which carry no such tags, any number result (metadata such as
-// dtypes, devices or packed parameters is not a number). ATen's untagged
-// number results are metadata: sizes, strides, dims, flags.
-bool returns_data(const c10::OperatorHandle& op) {
-  const c10::FunctionSchema& schema = op.schema();
-  if (schema.returns().empty()) return false;
-  for (const c10::Argument& r : schema.returns()) {
-    if (is_tensor_type(*r.real_type())) return false;
-  }
-  if (op.hasTag(at::Tag::data_dependent_output)) return true;
-  if (operator_namespace(schema.operator_name()) == "aten") return false;
-  for (const c10::Argument& r : schema.returns()) {
-    if (is_number_type(*r.real_type())) return true;
-  }
-  return false;
-}
-
 // at::equal(a, b) where a and b hold the same node's value depends on that
 // identity, which the graph keeps, not on the data (short of NaNs).
 // MultiheadAttention asks this to detect self-attention.
@@ -118,67 +69,18 @@ c10::IValue unwrap(const c10::IValue& v) {
   return v;
 }
 
-}  // namespace
-
 // Note [Operator facts, looked up once]
 // Everything the handler needs from an operator's registration (its name,
 // which arguments it writes, which results alias which arguments, whether a
-// result is data) is derived once per operator and trace, not for every call:
-// the handler runs for every operator the program calls, and the schema walks
-// and name strings would cost more than many of the operators themselves.
-// The table is the trace's own (TraceState::facts), so registrations that
-// change between traces (never during one) are seen. It is looked up right
-// after a kernel has left the caches cold, where every line read is a miss:
-// a flat table reached from the state the handler holds reads a slot and
-// the facts. (The thread-local table with a node per operator it replaces
-// took 700 to 1,040 cycles a lookup there, this one 630 to 655: rdtsc in a
-// scratch build, ResNet-18 at 1x3x32x32 from Python, three runs each.)
-struct OperatorFacts {
-  const OperatorIdentity* identity = nullptr;  // target "aten::addmm", stem "addmm"
-  bool returns_data = false;
-  bool is_equal = false;   // aten::equal (Note [Data-dependent values])
-  bool reshape_alias = false;
-  bool maybe_data_dependent_shape = false;  // Note [Shapes that depend on values]
-  std::vector<bool> declared_writes;  // per argument: its alias info writes
-  bool writes = false;     // some argument is written, declared or hidden
-  const HiddenWrites* hidden = nullptr;
-  std::vector<int> written_by;  // per return: written_argument_of, or -1
-  std::vector<int> aliased_by;  // per return: aliased_argument_of, or -1
-  bool returns_written = false;  // some return is a written argument
-  bool returns_alias = false;    // some return is a view of an argument
-  size_t positional = 0;  // arguments before the first keyword-only one
-};
-
-namespace {
-
-OperatorFacts derive_facts(const c10::OperatorHandle& op) {
-  const c10::FunctionSchema& schema = op.schema();
-  OperatorFacts f;
-  f.identity = &operator_identity(schema.operator_name());
-  f.returns_data = returns_data(op);
-  f.is_equal = schema.name() == "aten::equal";
-  f.reshape_alias = schema.name() == "aten::_reshape_alias" && schema.overload_name().empty();
-  f.maybe_data_dependent_shape = may_have_data_dependent_shape(schema);
-  const auto& params = schema.arguments();
-  for (const c10::Argument& p : params) {
-    f.declared_writes.push_back(is_write(p.alias_info()));
-    f.writes = f.writes || f.declared_writes.back();
-  }
-  f.hidden = hidden_writes(schema.operator_name());
-  f.writes = f.writes || f.hidden != nullptr;
-  for (const c10::Argument& r : schema.returns()) {
-    f.written_by.push_back(written_argument_of(schema, r));
-    f.aliased_by.push_back(aliased_argument_of(schema, r));
-    f.returns_written = f.returns_written || f.written_by.back() >= 0;
-    f.returns_alias = f.returns_alias || f.aliased_by.back() >= 0;
-  }
-  while (f.positional < params.size() && !params[f.positional].kwarg_only()) ++f.positional;
-  return f;
-}
-
+// result is data: operator_facts.h) is looked up once per operator and
+// trace, not for every call: the handler runs for every operator the program
+// calls, and the process-wide table's lock and hash would cost more than many
+// of the operators themselves. The trace's own table (TraceState::facts) is
+// flat and reached from the state the handler holds; it is read right after
+// a kernel has left the caches cold, where every line read is a miss.
 const OperatorFacts& facts_of(TraceState& st, const c10::OperatorHandle& op) {
-  std::shared_ptr<const OperatorFacts>& facts = st.facts(&op.schema());
-  if (facts == nullptr) facts = std::make_shared<const OperatorFacts>(derive_facts(op));
+  const OperatorFacts*& facts = st.facts(&op.schema());
+  if (facts == nullptr) facts = &operator_facts(op);
   return *facts;
 }
 
@@ -207,10 +109,11 @@ void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
   // are plain tensors, except write-aliases, which return the argument itself.
   const c10::FunctionSchema& schema = op.schema();
   const size_t n_args = schema.arguments().size();
+  const OperatorFacts& facts = operator_facts(op);
   for (auto it = stack->end() - n_args; it != stack->end(); ++it) {
     if (wrapper_of_trace_elsewhere(*it) != nullptr) {
       // Note [Traced tensors on other threads] in tracer.cpp.
-      throw TraceError(operator_identity(schema.operator_name()).qualified +
+      throw TraceError(facts.identity->qualified +
                        " was called on a traced tensor on a thread that is not tracing it (the "
                        "trace runs on another thread). A trace records the operators of its own "
                        "thread only, so this one would be missing from the graph and its result "
@@ -223,7 +126,7 @@ void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
   op.callBoxed(stack);
   const auto& returns = schema.returns();
   for (size_t j = 0; j < returns.size(); ++j) {
-    int k = written_argument_of(schema, returns[j]);
+    int k = facts.written_argument[j];
     if (k >= 0) (*stack)[stack->size() - returns.size() + j] = original[k];
   }
 }
@@ -241,7 +144,7 @@ void run_untraced(const c10::OperatorHandle& op, Stack* stack) {
 // do; the real `_reshape_alias` still runs on the real tensor.
 Node* record_node(Graph& g, const c10::OperatorHandle& op, const OperatorFacts& facts,
                   ArgumentList args, Kwargs kwargs) {
-  if (facts.reshape_alias) {
+  if (facts.is_reshape_alias) {
     static const c10::OperatorHandle view =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::view", "");
     TORCH_INTERNAL_ASSERT(args.size() >= 2 && kwargs.empty(), "_reshape_alias: unexpected arguments");
@@ -333,10 +236,10 @@ void check_data_dependent_shape(TraceState& st, const OpCall& c) {
 // declare]).
 // Empty when the operator writes nothing.
 std::vector<bool> check_writes(const OpCall& c) {
-  if (!c.facts.writes) return {};
+  if (!c.facts.writes_any()) return {};
   const auto& params = c.schema.arguments();
   const size_t n = c.num_args();
-  std::vector<bool> written = c.facts.declared_writes;
+  std::vector<bool> written = c.facts.writes;
   std::vector<bool> hidden(n, false);
   if (const HiddenWrites* h = c.facts.hidden) {
     const c10::IValue& flag = c.arg(h->condition);
@@ -360,7 +263,7 @@ std::vector<bool> check_writes(const OpCall& c) {
       continue;
     }
     bool returned = false;
-    for (int w : c.facts.written_by) returned = returned || w == static_cast<int>(i);
+    for (int w : c.facts.written_argument) returned = returned || w == static_cast<int>(i);
     if (!returned || !params[i].alias_info()->isWrite()) {
       throw TraceError(c.target + " writes to argument '" + params[i].name() +
                        "' without returning it" +
@@ -549,7 +452,7 @@ using Originals = c10::SmallVector<c10::IValue, 6>;
 
 Originals run_operator(TraceState& st, const OpCall& c, const std::vector<bool>& written) {
   Originals original;
-  if (st.meta() || c.facts.returns_written || c.facts.returns_alias) {
+  if (st.meta() || c.facts.returns_written || c.facts.returns_view) {
     original.assign(c.stack->begin() + c.base, c.stack->end());
   }
   if (st.meta()) {
@@ -644,7 +547,7 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
   const bool multi = returns.size() > 1;
   for (size_t j = 0; j < returns.size(); ++j) {
     c10::IValue& out = (*c.stack)[rbase + j];
-    int w = c.facts.written_by[j];
+    int w = c.facts.written_argument[j];
     if (w >= 0) {
       const at::Tensor& arg = original[w].toTensor();
       if (TracingTensorImpl* impl = maybe_get_tracing_impl(arg)) {
@@ -665,7 +568,7 @@ void record_results(TraceState& st, const OpCall& c, ArgumentList args, Kwargs k
       out = original[w];
       continue;
     }
-    int a = c.facts.aliased_by[j];
+    int a = c.facts.viewed_argument[j];
     bool immutable = a >= 0 && is_immutable_tensor(original[a]);
     auto wrap = [&](const at::Tensor& t, int64_t index) {
       at::Tensor wrapped =

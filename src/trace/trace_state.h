@@ -23,8 +23,9 @@
 namespace torchcap {
 namespace detail {
 
-// What the tracer derives once per operator and trace (dispatch.cpp, Note
-// [Operator facts, looked up once]).
+// What torchcap knows of an operator (graph/operator_facts.h), which the
+// tracer looks up once per trace (Note [Operator facts, looked up once] in
+// dispatch.cpp).
 struct OperatorFacts;
 
 // A named tensor of the traced module: a parameter or a buffer. `name`
@@ -80,12 +81,10 @@ class TraceState {
   // tensor holding `value` as that node's result.
   at::Tensor attribute_tensor(const std::string& name, const at::Tensor& value, AttributeKind kind);
 
-  // The facts of the operator with `schema`, null until the tracer derives
-  // them (Note [Operator facts, looked up once] in dispatch.cpp). The slot
-  // is valid until the next call; the facts it points to, for the trace.
-  std::shared_ptr<const OperatorFacts>& facts(const c10::FunctionSchema* schema) {
-    return facts_[schema];
-  }
+  // The facts of the operator with `schema`, null until the tracer looks
+  // them up (Note [Operator facts, looked up once] in dispatch.cpp). The
+  // slot is valid until the next call; the facts, until the process ends.
+  const OperatorFacts*& facts(const c10::FunctionSchema* schema) { return facts_[schema]; }
 
   // While set, nodes take their stack trace from `origin` instead of
   // capturing one: a re-trace keeps the first trace's metadata.
@@ -138,8 +137,7 @@ class TraceState {
   // Meta stand-ins of plain tensors, beside a strong reference to each.
   std::unordered_map<c10::TensorImpl*, std::pair<at::Tensor, at::Tensor>> stand_ins_;
   std::unordered_set<std::string> preserve_;
-  // Held as shared_ptr: OperatorFacts is complete in dispatch.cpp only.
-  ska::flat_hash_map<const c10::FunctionSchema*, std::shared_ptr<const OperatorFacts>> facts_;
+  ska::flat_hash_map<const c10::FunctionSchema*, const OperatorFacts*> facts_;
   int64_t next_constant_ = 0;
   const Node* origin_ = nullptr;
 };
