@@ -4,9 +4,9 @@
 #include <torchcap/error.h>
 #include <torchcap/export.h>
 #include <torchcap/tracer.h>
-#include <torchcap/tracing_tensor.h>
 
 #include "models.h"
+#include "trace/tracing_tensor.h"
 #include "transformers.h"
 #include "zoo.h"
 

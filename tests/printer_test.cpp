@@ -3,6 +3,7 @@
 #include <torchcap/printer.h>
 
 #include "golden.h"
+#include "graph/python_literals.h"
 #include "sample_graphs.h"
 
 #include <gtest/gtest.h>
@@ -63,22 +64,22 @@ TEST(Printer, PythonCodeUnpacksNestedInputs) {
 }
 
 TEST(Printer, PythonFloatRepr) {
-  EXPECT_EQ(python_float_repr(1.0), "1.0");
-  EXPECT_EQ(python_float_repr(0.1), "0.1");
-  EXPECT_EQ(python_float_repr(-2.5), "-2.5");
-  EXPECT_EQ(python_float_repr(1e-5), "1e-05");
-  EXPECT_EQ(python_float_repr(0.0001), "0.0001");
-  EXPECT_EQ(python_float_repr(123456789.0), "123456789.0");
-  EXPECT_EQ(python_float_repr(1e16), "1e+16");
-  EXPECT_EQ(python_float_repr(1e15), "1000000000000000.0");
-  EXPECT_EQ(python_float_repr(1.5e300), "1.5e+300");
-  EXPECT_EQ(python_float_repr(3.14159), "3.14159");
-  EXPECT_EQ(python_float_repr(1.0 / 3.0), "0.3333333333333333");
-  EXPECT_EQ(python_float_repr(0.0), "0.0");
-  EXPECT_EQ(python_float_repr(-0.0), "-0.0");
-  EXPECT_EQ(python_float_repr(std::numeric_limits<double>::infinity()), "inf");
-  EXPECT_EQ(python_float_repr(std::nan("")), "nan");
-  EXPECT_EQ(python_float_repr(5e-324), "5e-324");
+  EXPECT_EQ(detail::python_float_repr(1.0), "1.0");
+  EXPECT_EQ(detail::python_float_repr(0.1), "0.1");
+  EXPECT_EQ(detail::python_float_repr(-2.5), "-2.5");
+  EXPECT_EQ(detail::python_float_repr(1e-5), "1e-05");
+  EXPECT_EQ(detail::python_float_repr(0.0001), "0.0001");
+  EXPECT_EQ(detail::python_float_repr(123456789.0), "123456789.0");
+  EXPECT_EQ(detail::python_float_repr(1e16), "1e+16");
+  EXPECT_EQ(detail::python_float_repr(1e15), "1000000000000000.0");
+  EXPECT_EQ(detail::python_float_repr(1.5e300), "1.5e+300");
+  EXPECT_EQ(detail::python_float_repr(3.14159), "3.14159");
+  EXPECT_EQ(detail::python_float_repr(1.0 / 3.0), "0.3333333333333333");
+  EXPECT_EQ(detail::python_float_repr(0.0), "0.0");
+  EXPECT_EQ(detail::python_float_repr(-0.0), "-0.0");
+  EXPECT_EQ(detail::python_float_repr(std::numeric_limits<double>::infinity()), "inf");
+  EXPECT_EQ(detail::python_float_repr(std::nan("")), "nan");
+  EXPECT_EQ(detail::python_float_repr(5e-324), "5e-324");
 }
 
 TEST(Printer, ArgumentLiterals) {

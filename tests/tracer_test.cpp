@@ -5,10 +5,10 @@
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 #include <torchcap/tracer.h>
-#include <torchcap/tracing_tensor.h>
 
 #include "counting_allocator.h"
 #include "golden.h"
+#include "trace/tracing_tensor.h"
 #include "zoo.h"
 
 #include <ATen/ATen.h>

@@ -41,6 +41,8 @@ struct BoundArgument {
   std::vector<const Node*> elements;
 };
 
+namespace detail {
+
 // Binds an operator node's arguments. The node must pass lint.
 std::vector<BoundArgument> bind_arguments(const Node& n);
 
@@ -53,6 +55,8 @@ std::vector<c10::IValue> make_stack(const std::vector<BoundArgument>& args, Valu
 // left on the stack, one per return of `schema`. Non-tensor results (sizes,
 // scalars) give an unknown ValueMeta.
 ValueMeta result_meta(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> returns);
+
+}  // namespace detail
 
 // The walk. `Value` is what a node evaluates to: an IValue for evaluators
 // that compute (see Evaluator), or whatever a symbolic one tracks.
@@ -123,6 +127,8 @@ class Evaluator : public GraphEvaluator<c10::IValue> {
 
 // ---------------------------------------------------------------------------
 
+namespace detail {
+
 template <typename ValueOf>
 std::vector<c10::IValue> make_stack(const std::vector<BoundArgument>& args, ValueOf&& value_of) {
   std::vector<c10::IValue> stack;
@@ -155,8 +161,6 @@ std::vector<c10::IValue> make_stack(const std::vector<BoundArgument>& args, Valu
   }
   return stack;
 }
-
-namespace detail {
 // Note [Releasing values after their last use]: for each node, the values
 // whose last reader it is (the output node keeps what it returns).
 std::unordered_map<const Node*, std::vector<const Node*>> last_uses(const Graph& g);
@@ -183,7 +187,7 @@ std::vector<Value> GraphEvaluator<Value>::run() {
         if (n->is_getitem()) {
           v = getitem(*n, value_of(n->args()[0].to_node()), n->args()[1].to_int());
         } else {
-          v = call_operator(*n, bind_arguments(*n));
+          v = call_operator(*n, detail::bind_arguments(*n));
         }
         break;
       case OpCode::Output:

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <torchcap/graph_module.h>
+#include <torchcap/passes.h>
 #include <torchcap/tracer.h>
 
 #include <optional>
@@ -57,13 +58,5 @@ GraphModule export_program(Holder& model, const std::vector<c10::IValue>& inputs
 // `options.preserve` should match the first trace.
 GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>& inputs,
                           const TraceOptions& options = {});
-
-// Whether `g` is free of mutation and aliasing: no operator that writes an
-// argument (declared or not) and no view operator (one whose result aliases an
-// argument); `*_copy` operators are fine.
-bool is_functional(const Graph& g);
-// The first node that makes `g` not functional, and why ("%add_ (aten::add_.Tensor)
-// writes its argument 'self'"), or nullopt.
-std::optional<std::string> find_mutation_or_view(const Graph& g);
 
 }  // namespace torchcap

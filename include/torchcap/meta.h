@@ -46,8 +46,6 @@ struct TensorMeta {
 
 // Short dtype names as torch.fx and Inductor print them: f32, i64, b8, ...
 const char* dtype_short_name(c10::ScalarType t);
-// The dtype for a short name, or nullopt.
-std::optional<c10::ScalarType> dtype_from_short_name(const std::string& name);
 
 // The shape of the value a node produces.
 enum class ValueKind : uint8_t {

@@ -7,6 +7,7 @@
 #include <torchcap/graph_module.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,16 @@ bool eliminate_common_subexpressions(Graph& g);
 // node if an operator has no meta implementation. Returns whether any val
 // changed.
 bool propagate_shapes(GraphModule& gm);
+
+// --- Analyses ------------------------------------------------------------------
+
+// Whether `g` is free of mutation and aliasing: no operator that writes an
+// argument (declared or not) and no view operator (one whose result aliases an
+// argument); `*_copy` operators are fine.
+bool is_functional(const Graph& g);
+// The first node that makes `g` not functional, and why ("%add_ (aten::add_.Tensor)
+// writes its argument 'self'"), or nullopt.
+std::optional<std::string> find_mutation_or_view(const Graph& g);
 
 // Thrown when a pass fails; says which pass and which ran before it.
 class PassError : public Error {

@@ -29,9 +29,6 @@ struct PrintOptions {
 // The whole graph: "graph():" then one indented line per node.
 std::string format_graph(const Graph& g, const PrintOptions& options = {});
 
-// The source comment of `n` without "# ", or "" (see PrintOptions::source).
-std::string format_source(const Node& n);
-
 // Python source of a module-level function
 //   def forward(self, ph_0, ph_1): ...
 // calling `torch.ops.aten.<op>.<overload>` and `operator.getitem`, reading
@@ -41,9 +38,6 @@ std::string format_source(const Node& n);
 // it defines `forward`, which `torch.fx.symbolic_trace` turns into a
 // GraphModule once it is bound to a module holding the attributes.
 std::string python_code(const GraphModule& gm);
-
-// A double as Python's repr() prints it: 1.0, 0.1, 1e-05, inf, nan.
-std::string python_float_repr(double v);
 
 }  // namespace torchcap
 

@@ -17,7 +17,7 @@
 #pragma once
 
 #include <torchcap/graph_module.h>
-#include <torchcap/tracer.h>
+#include <torchcap/module_state.h>
 
 #include <cstddef>
 #include <cstdint>

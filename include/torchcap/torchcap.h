@@ -16,6 +16,5 @@
 #include <torchcap/serialize.h>
 #include <torchcap/summary.h>
 #include <torchcap/tracer.h>
-#include <torchcap/tracing_tensor.h>
 #include <torchcap/training.h>
 #include <torchcap/tree_spec.h>

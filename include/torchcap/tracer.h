@@ -25,6 +25,7 @@
 #pragma once
 
 #include <torchcap/graph_module.h>
+#include <torchcap/module_state.h>
 
 #include <ATen/core/ivalue.h>
 
@@ -116,19 +117,6 @@ std::vector<std::string> default_preserved_ops(bool inference_mode);
 // A traced program: takes the inputs, returns tensors, none, or tuples, lists
 // and dicts of them.
 using TracedFunction = std::function<c10::IValue(std::vector<c10::IValue>)>;
-
-// The named tensors of a program: its parameters and buffers, which a trace
-// records as get_attr nodes by these names. Tied tensors are one tensor
-// under several names: the first name is used.
-struct ModuleState {
-  std::vector<std::pair<std::string, at::Tensor>> parameters;
-  std::vector<std::pair<std::string, at::Tensor>> buffers;
-
-  // A torch::nn module's, by qualified name ("layer1.0.conv1.weight").
-  static ModuleState of(torch::nn::Module& module);
-  // A TorchScript module's.
-  static ModuleState of(torch::jit::Module& module);
-};
 
 namespace detail {
 

@@ -3,7 +3,6 @@
 #include <torchcap/evaluator.h>
 #include <torchcap/export.h>
 #include <torchcap/passes.h>
-#include <torchcap/tracing_tensor.h>
 
 #include "graph/hidden_writes.h"
 #include "graph/ivalue_conversion.h"
@@ -11,6 +10,7 @@
 #include "kernels/meta_kernels.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
+#include "trace/tracing_tensor.h"
 
 #include <ATen/FunctionalTensorWrapper.h>
 
@@ -18,27 +18,6 @@
 #include <sstream>
 
 namespace torchcap {
-
-bool is_functional(const Graph& g) { return !find_mutation_or_view(g).has_value(); }
-
-std::optional<std::string> find_mutation_or_view(const Graph& g) {
-  auto fail = [&](const Node* n, const std::string& why) {
-    return "%" + n->name() + " (" + n->target() + ") " + why;
-  };
-  for (const Node* n : g) {
-    if (!n->is_operator()) continue;
-    const c10::FunctionSchema& s = n->schema();
-    const detail::OperatorFacts& f = n->facts();
-    for (size_t i = 0; i < f.writes.size(); ++i) {
-      if (f.writes[i]) return fail(n, "writes its argument '" + s.arguments()[i].name() + "'");
-    }
-    if (f.hidden != nullptr && n->has_side_effects()) {
-      return fail(n, "updates running statistics in place");
-    }
-    if (f.returns_alias) return fail(n, "returns a view of its argument");
-  }
-  return std::nullopt;
-}
 
 namespace {
 

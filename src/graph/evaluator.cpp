@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 namespace torchcap {
+namespace detail {
 
 std::vector<BoundArgument> bind_arguments(const Node& n) {
   const auto& params = n.schema().arguments();
@@ -70,8 +71,6 @@ ValueMeta result_meta(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IVal
   return v;
 }
 
-namespace detail {
-
 // Note [Releasing values after their last use]
 // One reverse walk: the first time a node is seen as an input (from the
 // end), its reader there is its last; a node no one reads is released right
@@ -117,7 +116,8 @@ c10::IValue Evaluator::placeholder(const Node&, size_t index) { return inputs_.a
 c10::IValue Evaluator::get_attr(const Node& n) { return module_.attribute(n.target()).value; }
 
 c10::IValue Evaluator::call_operator(const Node& n, const std::vector<BoundArgument>& args) {
-  std::vector<c10::IValue> stack = make_stack(args, [this](const Node* in) { return value_of(in); });
+  std::vector<c10::IValue> stack =
+      detail::make_stack(args, [this](const Node* in) { return value_of(in); });
   run_kernel(n, stack);
   return pack_results(std::move(stack));
 }

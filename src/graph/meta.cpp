@@ -39,13 +39,6 @@ const char* dtype_short_name(c10::ScalarType t) {
   return c10::toString(t);
 }
 
-std::optional<c10::ScalarType> dtype_from_short_name(const std::string& name) {
-  for (const auto& d : kDtypeNames) {
-    if (name == d.name) return d.type;
-  }
-  return std::nullopt;
-}
-
 TensorMeta TensorMeta::of(const at::Tensor& t) {
   if (t.layout() != c10::kStrided) {
     throw Error("a " + c10::str(t.layout()) + " tensor has no strides to record; torchcap records "

@@ -172,6 +172,7 @@ OperatorFacts derive(const c10::OperatorHandle& op) {
   f.identity = &operator_identity(schema.operator_name());
   for (const c10::Argument& p : schema.arguments()) {
     f.writes.push_back(is_write(p.alias_info()));
+    f.writes_elements.push_back(f.writes.back() && !p.alias_info()->isWrite());
     f.aliased.push_back(p.alias_info() != nullptr);
     f.argument_sets.push_back(alias_sets(p));
     f.writes_declared = f.writes_declared || f.writes.back();

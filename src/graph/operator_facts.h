@@ -28,6 +28,7 @@ struct OperatorFacts {
 
   // Per argument, in schema order.
   std::vector<bool> writes;   // its alias info writes it (or its elements)
+  std::vector<bool> writes_elements;  // only its elements (Tensor(a!)[])
   std::vector<bool> aliased;  // it has alias info at all (written or viewed)
   // The alias sets it is in, its elements' included, the wildcard left out.
   std::vector<std::vector<c10::Symbol>> argument_sets;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 namespace torchcap {
+namespace detail {
 
 std::string python_float_repr(double v) {
   if (std::isnan(v)) return "nan";
@@ -45,6 +46,8 @@ std::string python_float_repr(double v) {
   }
   return negative ? "-" + out : out;
 }
+
+}  // namespace detail
 
 namespace detail {
 
@@ -146,7 +149,7 @@ std::string python_literal(const Argument& a, const std::function<std::string(co
       double d = a.to_double();
       if (std::isnan(d)) return "float('nan')";
       if (std::isinf(d)) return d > 0 ? "float('inf')" : "float('-inf')";
-      return python_float_repr(d);
+      return detail::python_float_repr(d);
     }
     case 4:
       return a.to_bool() ? "True" : "False";
@@ -222,6 +225,9 @@ std::string format_node(const Node& n) {
   return os.str();
 }
 
+namespace {
+
+// The source comment of `n` without "# ", or "" (see PrintOptions::source).
 std::string format_source(const Node& n) {
   std::string out = n.meta().module_stack.innermost_str();
   const std::vector<SourceFrame>& frames = n.meta().stack_trace.frames();
@@ -233,6 +239,8 @@ std::string format_source(const Node& n) {
   }
   return out;
 }
+
+}  // namespace
 
 std::string format_graph(const Graph& g, const PrintOptions& options) {
   std::string out = "graph():\n";

@@ -12,6 +12,8 @@ namespace torchcap {
 namespace detail {
 
 std::string python_string_literal(const std::string& s);
+// A double as Python's repr() prints it: 1.0, 0.1, 1e-05, inf, nan.
+std::string python_float_repr(double v);
 // "float32" for torch.float32; nullptr if Python has no name for it.
 const char* torch_dtype_name(c10::ScalarType t);
 const char* torch_layout_name(c10::Layout l);

@@ -17,7 +17,7 @@ std::string describe(const c10::IValue& v) {
   if (v.isList()) return "a list of " + std::to_string(v.toListRef().size());
   if (v.isGenericDict()) return "a dict of " + std::to_string(v.toGenericDict().size());
   if (v.isInt()) return "int " + std::to_string(v.toInt());
-  if (v.isDouble()) return "float " + python_float_repr(v.toDouble());
+  if (v.isDouble()) return "float " + detail::python_float_repr(v.toDouble());
   if (v.isBool()) return std::string("bool ") + (v.toBool() ? "True" : "False");
   if (v.isString()) return "str " + detail::python_string_literal(v.toStringRef());
   return "a value of type " + v.type()->str();
@@ -242,7 +242,7 @@ std::string TreeSpec::str() const {
     case Kind::Constant: {
       const c10::IValue& c = constant_;
       if (c.isInt()) return std::to_string(c.toInt());
-      if (c.isDouble()) return python_float_repr(c.toDouble());
+      if (c.isDouble()) return detail::python_float_repr(c.toDouble());
       if (c.isBool()) return c.toBool() ? "True" : "False";
       if (c.isString()) return detail::python_string_literal(c.toStringRef());
       return "?";

@@ -71,7 +71,7 @@ class ShapePropagator : public Evaluator {
     }
     c10::Device device = device_of(n);
     devices_.emplace(&n, device);
-    metas[&n] = with_device(result_meta(n.schema(), stack), device);
+    metas[&n] = with_device(detail::result_meta(n.schema(), stack), device);
   }
 
  private:

@@ -1,7 +1,7 @@
 // The interpreter: a plan built once from the graph, run from flat tables.
 #include <torchcap/error.h>
 #include <torchcap/evaluator.h>
-#include <torchcap/export.h>
+#include <torchcap/passes.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
 

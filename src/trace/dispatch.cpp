@@ -2,7 +2,6 @@
 // key runs here (docs/STYLE.md 6: one boxed handler, explicit exceptions).
 #include <torchcap/error.h>
 #include <torchcap/evaluator.h>
-#include <torchcap/tracing_tensor.h>
 
 #include "graph/data_dependence.h"
 #include "graph/hidden_writes.h"
@@ -11,6 +10,7 @@
 #include "graph/operator_name.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
+#include "trace/tracing_tensor.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
@@ -264,10 +264,10 @@ std::vector<bool> check_writes(const OpCall& c) {
     }
     bool returned = false;
     for (int w : c.facts.written_argument) returned = returned || w == static_cast<int>(i);
-    if (!returned || !params[i].alias_info()->isWrite()) {
+    if (!returned) {
       throw TraceError(c.target + " writes to argument '" + params[i].name() +
                        "' without returning it" +
-                       (params[i].alias_info()->isWrite() ? "" : " (it writes list elements)") +
+                       (c.facts.writes_elements[i] ? " (it writes list elements)" : "") +
                        "; a graph cannot express that mutation. Schema: " + schema_str(c.schema));
     }
     if (is_immutable_tensor(v)) {

@@ -1,12 +1,12 @@
 // The tracer's entry points and the state of a trace.
 #include <torchcap/error.h>
 #include <torchcap/tracer.h>
-#include <torchcap/tracing_tensor.h>
 
 #include "graph/operator_name.h"
 #include "kernels/meta_kernels.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
+#include "trace/tracing_tensor.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty_strided.h>

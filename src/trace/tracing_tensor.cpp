@@ -1,9 +1,9 @@
 #include <torchcap/error.h>
 #include <torchcap/node.h>
-#include <torchcap/tracing_tensor.h>
 
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
+#include "trace/tracing_tensor.h"
 
 #include <ATen/core/Formatting.h>
 #include <ATen/ops/empty_strided.h>
