@@ -10,6 +10,7 @@
 #include <torchcap/library.h>
 #include <torchcap/memory_plan.h>
 #include <torchcap/meta.h>
+#include <torchcap/module_state.h>
 #include <torchcap/node.h>
 #include <torchcap/passes.h>
 #include <torchcap/printer.h>
