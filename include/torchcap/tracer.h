@@ -37,15 +37,6 @@
 #include <utility>
 #include <vector>
 
-namespace torch {
-namespace nn {
-class Module;
-}
-namespace jit {
-struct Module;
-}
-}  // namespace torch
-
 namespace torchcap {
 
 struct TraceOptions {

@@ -4,13 +4,13 @@ the C++ tracer, trains as torch.optim trains it eagerly."""
 import copy
 import pickle
 import re
-import threading
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import torchcap
+from thread_helpers import run_in_threads
 
 
 class Classifier(torch.nn.Module):
@@ -145,22 +145,7 @@ def test_steps_from_several_threads(tmp_path, loaded):
     if loaded:
         torchcap.save(step, tmp_path / "step.tcg")
         step = torchcap.load(tmp_path / "step.tcg")
-    start, failures = threading.Barrier(8), []
-
-    def work():
-        try:
-            start.wait()
-            for _ in range(100):
-                step(x, y)
-        except Exception as e:  # noqa: BLE001 -- every failure is reported below
-            failures.append(f"{type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    assert run_in_threads(lambda: step(x, y), threads=8, calls=100) == []
     # 800 steps on the same batch: the same whatever the order of the threads.
     opt = torch.optim.SGD(eager.parameters(), lr=1e-3)
     for _ in range(800):

@@ -20,6 +20,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcap
 from torchcap import _trace
+from thread_helpers import run_in_threads
 
 torch.manual_seed(0)
 HERE = os.path.abspath(__file__)
@@ -656,27 +657,6 @@ def test_export_input_mutation():
     assert torch.equal(x, torch.zeros(3))  # the trace works on a copy
     out = ep(x, y)
     assert torch.equal(out, torch.ones(3)) and torch.equal(x, torch.ones(3))
-
-
-def run_in_threads(call, threads=8, calls=100):
-    """call() `calls` times in each of `threads` threads started at once;
-    the exceptions they raised."""
-    start, failures = threading.Barrier(threads), []
-
-    def work():
-        try:
-            start.wait()
-            for _ in range(calls):
-                call()
-        except Exception as e:  # noqa: BLE001 -- every failure is reported
-            failures.append(f"{type(e).__name__}: {e}")
-
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    for t in workers:
-        t.start()
-    for t in workers:
-        t.join()
-    return failures
 
 
 @pytest.mark.parametrize("made_by", ["trace", "export", "load"])

@@ -5,13 +5,13 @@ import os
 import pathlib
 import subprocess
 import sys
-import threading
 
 import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 import torchcap  # noqa: E402
+from thread_helpers import run_in_threads  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,22 +65,7 @@ def test_steps_from_several_threads(fixture):
     # that of as many steps one after another (the same batch each time).
     x, y = unpickle(fixture / "data.pt")[0]
     step, straight = torchcap.load(fixture / "step.tcg"), torchcap.load(fixture / "step.tcg")
-    start, failures = threading.Barrier(8), []
-
-    def work():
-        try:
-            start.wait()
-            for _ in range(25):
-                step(x, y)
-        except Exception as e:  # noqa: BLE001 -- every failure is reported below
-            failures.append(f"{type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
+    assert run_in_threads(lambda: step(x, y), threads=8, calls=25) == []
     for _ in range(200):
         straight(x, y)
     state, expected = step.state_dict(), straight.state_dict()
