@@ -1,9 +1,14 @@
 #include "graph/schema_check.h"
 
+#include "graph/ivalue_conversion.h"
+
 #include <ATen/core/function_schema.h>
 #include <ATen/core/jit_type.h>
 #include <c10/util/SmallVector.h>
 
+#include <cctype>
+#include <cstring>
+#include <limits>
 #include <unordered_set>
 
 namespace torchcap {
@@ -99,6 +104,193 @@ bool fits(const c10::Type& type, const Argument& a) {
   }
 }
 
+
+// Note [Integers kernels divide by]
+// Checksums say that a file is intact, not that it is sane, and a process
+// cannot catch a SIGFPE or a SIGSEGV. LibTorch 1.13's kernels check most of
+// their arguments (negative sizes, dimensions out of range, sizes whose
+// product overflows: an error, which the interpreter reports with the node),
+// but some divide by an integer argument, or read a list argument's values,
+// without checking it. Trying 0, -1, 2^32, 2^62 and short lists on every
+// operator family that takes such arguments (issue 42) found:
+// convolution_backward with groups 0, convolution with groups 2^62 (the
+// weight's channels times groups wraps to 0), native_channel_shuffle,
+// pixel_shuffle with upscale_factor 2^32 (its square wraps to 0),
+// unfold_backward with step 0, the attention fast paths with 0 heads and
+// mkldnn_max_pool2d with stride 0 die of SIGFPE; embedding_bag with mode 3,
+// and _slow_conv2d_forward, thnn_conv2d, slow_conv3d and
+// mkldnn_reorder_conv2d_weight with a window list shorter than their
+// dimensions, of SIGSEGV or SIGFPE. So, by parameter name, in every schema
+// (int, int?, int[], int[]?, SymInt alike):
+//
+// - Factors: groups, group, num_head, num_heads, upscale_factor,
+//   downscale_factor, chunks, sections and step are between 1 and 2^31 - 1.
+//   Kernels divide by them and by their products and squares, which the
+//   bound keeps inside 64 bits.
+// - Windows, in convolutions and pools (an operator with a kernel_size,
+//   dilation or groups parameter, or "conv" or "pool" in its name):
+//   kernel_size, stride and dilation are between 1 and 2^31 - 1, padding and
+//   output_padding between 0 and 2^31 - 1. Elsewhere these names mean other
+//   things: reflection_pad2d's padding may be negative (it crops), and
+//   as_strided's stride is a tensor's layout.
+// - Window lists of an operator named for its number of spatial dimensions N
+//   (conv2d, max_pool3d_with_indices) hold 1 or N values, or none for a
+//   pool's stride (which is then its kernel size); the operators of
+//   kExactWindows, whose kernels read N values unchecked, exactly N.
+// - embedding_bag's mode, in all its operators, is 0 (sum), 1 (mean) or 2 (max).
+//
+// Sizes are not on the list: every factory, view, pad and reshape tried
+// refused a negative or overflowing size with an error, not a crash. What only
+// the shapes of the inputs can check is Note [Kernels that trust their
+// arguments], and the loader's shape check (Note [Checking a file's shapes]
+// in serialize/shapes.cpp). The Python loader applies the same rule
+// (python/torchcap/_load.py), and docs/FORMAT.md states it.
+
+constexpr int64_t kMaxFactor = (int64_t{1} << 31) - 1;
+
+struct IntRange {
+  const char* name;
+  int64_t lowest;
+  bool windows_only;  // only in convolutions and pools
+};
+constexpr IntRange kIntRanges[] = {
+    {"groups", 1, false},         {"group", 1, false},          {"num_head", 1, false},
+    {"num_heads", 1, false},      {"upscale_factor", 1, false}, {"downscale_factor", 1, false},
+    {"chunks", 1, false},         {"sections", 1, false},       {"step", 1, false},
+    {"kernel_size", 1, true},     {"stride", 1, true},          {"dilation", 1, true},
+    {"padding", 0, true},         {"output_padding", 0, true},
+};
+
+// Operators whose CPU kernels read N window values without checking how many
+// there are (Note [Integers kernels divide by]).
+struct ExactWindows {
+  const char* op;
+  size_t n;
+};
+constexpr ExactWindows kExactWindows[] = {
+    {"aten::thnn_conv2d", 2},          {"aten::_slow_conv2d_forward", 2},
+    {"aten::_slow_conv2d_backward", 2}, {"aten::slow_conv3d", 3},
+    {"aten::slow_conv3d_forward", 3},   {"aten::mkldnn_reorder_conv2d_weight", 2},
+    {"aten::mkldnn_reorder_conv3d_weight", 3},
+};
+
+const IntRange* int_range(const std::string& name) {
+  for (const IntRange& r : kIntRanges) {
+    if (name == r.name) return &r;
+  }
+  return nullptr;
+}
+
+bool is_window_operator(const c10::FunctionSchema& schema) {
+  const std::string& name = schema.name();
+  if (name.find("conv") != std::string::npos || name.find("pool") != std::string::npos) return true;
+  for (const c10::Argument& p : schema.arguments()) {
+    if (p.name() == "kernel_size" || p.name() == "dilation" || p.name() == "groups") return true;
+  }
+  return false;
+}
+
+// N of an operator named for its N spatial dimensions ("aten::conv2d",
+// "aten::max_pool3d_with_indices_backward"), or 0.
+size_t named_dimensions(const std::string& name) {
+  for (size_t i = name.size(); i-- > 1;) {
+    const char c = name[i];
+    if (c >= '1' && c <= '3' && i + 1 < name.size() && name[i + 1] == 'd' &&
+        (i + 2 == name.size() || name[i + 2] == '_') && std::isalpha(name[i - 1])) {
+      return static_cast<size_t>(c - '0');
+    }
+  }
+  return 0;
+}
+
+bool is_int_type(const c10::Type& t) {
+  return t.kind() == c10::TypeKind::IntType || t.kind() == c10::TypeKind::SymIntType;
+}
+
+// The integers `a` holds for a parameter of type `declared` (int, int[] or
+// optional of those, already known to fit): `list` says which; false if the
+// parameter is of no such type or `a` is none.
+bool integers_of(const c10::Type& declared, const Argument& a, c10::SmallVector<int64_t, 4>& out,
+                 bool& list) {
+  const c10::Type& t = unwrap_optional(declared);
+  if (a.is_none()) return false;
+  if (is_int_type(t)) {
+    out.assign(1, a.to_int());
+    list = false;
+    return true;
+  }
+  if (t.kind() != c10::TypeKind::ListType ||
+      !is_int_type(*t.expectRef<c10::ListType>().getElementType())) {
+    return false;
+  }
+  out.clear();
+  for (const Argument& e : a.to_list()) out.push_back(e.to_int());
+  list = true;
+  return true;
+}
+
+std::string shown(const c10::SmallVector<int64_t, 4>& values, bool list) {
+  if (!list) return std::to_string(values[0]);
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + std::to_string(values[i]);
+  return s + "]";
+}
+
+// Note [Integers kernels divide by]: empty, or the first argument out of range.
+std::string check_integers(const std::string& op, const c10::FunctionSchema& schema,
+                           const c10::SmallVector<const Argument*, 16>& given) {
+  const auto& params = schema.arguments();
+  c10::SmallVector<int64_t, 4> values;
+  std::optional<bool> windows;  // whether a convolution or pool: found once needed
+  for (size_t i = 0; i < params.size(); ++i) {
+    bool list = false;
+    if (given[i] == nullptr || !integers_of(*params[i].real_type(), *given[i], values, list)) {
+      continue;
+    }
+    const std::string& name = params[i].name();
+    const std::string what = "argument '" + name + "' of " + op + " is ";
+    if (name == "mode" && schema.name().find("embedding_bag") != std::string::npos) {
+      for (int64_t v : values) {
+        if (v < 0 || v > 2) {
+          return what + shown(values, list) + "; it must be 0 (sum), 1 (mean) or 2 (max)";
+        }
+      }
+      continue;
+    }
+    const IntRange* range = int_range(name);
+    if (range == nullptr) continue;
+    if (range->windows_only) {
+      if (!windows) windows = is_window_operator(schema);
+      if (!*windows) continue;
+    }
+    for (int64_t v : values) {
+      if (v < range->lowest || v > kMaxFactor) {
+        return what + shown(values, list) + (list ? "; each value must be" : "; it must be") +
+               " between " + std::to_string(range->lowest) + " and " + std::to_string(kMaxFactor);
+      }
+    }
+    if (!list || !range->windows_only) continue;
+    // Window lists: how many values.
+    size_t n = named_dimensions(schema.name());
+    bool exact = false;
+    for (const ExactWindows& e : kExactWindows) {
+      if (schema.name() == e.op) {
+        n = e.n;
+        exact = true;
+      }
+    }
+    if (n == 0) continue;
+    const bool pool_stride = !exact && name == "stride" && schema.argumentIndexWithName("kernel_size");
+    const size_t count = values.size();
+    if (count == n || (!exact && count == 1) || (pool_stride && count == 0)) continue;
+    std::string allowed = exact ? "exactly " + std::to_string(n)
+                                : (pool_stride ? "none, 1 or " : "1 or ") + std::to_string(n);
+    return "argument '" + name + "' of " + op + " has " + std::to_string(count) + " value" +
+           (count == 1 ? "" : "s") + "; " + op + " takes " + allowed;
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string check_schema_arguments(const Node& n, const c10::FunctionSchema& schema) {
@@ -136,7 +328,7 @@ std::string check_schema_arguments(const Node& n, const c10::FunctionSchema& sch
              ", got " + describe(*given[i]);
     }
   }
-  return "";
+  return check_integers(op, schema, given);
 }
 
 std::string check_getitem(const Node& n) {
@@ -160,6 +352,161 @@ std::string check_getitem(const Node& n) {
   if (index < 0 || (count >= 0 && index >= count)) {
     return "getitem index " + std::to_string(index) + " is out of range for %" + src.name() +
            (count >= 0 ? ", which has " + std::to_string(count) + " values" : "");
+  }
+  return "";
+}
+
+
+// Note [Kernels that trust their arguments]
+// Some arguments only the shapes of their inputs can check, and a few
+// LibTorch 1.13 kernels do not check them (issue 42):
+// - _reshape_alias(self, size, stride) makes the view it is given: one past
+//   its input's memory reads outside it when used (SIGSEGV);
+// - mkldnn_convolution reads as many padding, stride and dilation values as
+//   its weight has spatial dimensions (SIGFPE, SIGSEGV with fewer);
+// - _mkldnn_transpose(_) indexes the dimensions it is given (SIGSEGV).
+// The loader checks these calls against the recorded metadata of their
+// inputs, and refuses one whose input has none. And operators on plain
+// numbers (no tensor in, none out: aten::remainder.int divides by zero
+// unchecked) are refused outright: graphs compute on tensors, the tracers
+// never record them, and a graph could not use their results anyway.
+
+namespace {
+
+bool mentions_tensor(const c10::Type& t) {
+  switch (t.kind()) {
+    case c10::TypeKind::TensorType:
+      return true;
+    case c10::TypeKind::OptionalType:
+      return mentions_tensor(*t.expectRef<c10::OptionalType>().getElementType());
+    case c10::TypeKind::ListType:
+      return mentions_tensor(*t.expectRef<c10::ListType>().getElementType());
+    default:
+      return false;
+  }
+}
+
+std::string dims_str(c10::ArrayRef<int64_t> v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// The highest element offset a tensor of these sizes and strides reaches
+// (negative strides count nothing), or nullopt if it has no elements or
+// the offset does not fit in 64 bits.
+std::optional<int64_t> last_offset(c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> strides) {
+  int64_t last = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return std::nullopt;
+    int64_t step = 0;
+    if (strides[d] > 0 && (__builtin_mul_overflow(sizes[d] - 1, strides[d], &step) ||
+                           __builtin_add_overflow(last, step, &last))) {
+      return std::nullopt;
+    }
+  }
+  return last;
+}
+
+}  // namespace
+
+std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
+  if (!n.is_operator()) return "";
+  const c10::FunctionSchema& schema = n.schema();
+  const std::string& name = schema.name();
+  const std::string& op = n.target();
+  bool tensors = false;
+  for (const c10::Argument& a : schema.arguments()) tensors = tensors || mentions_tensor(*a.real_type());
+  for (const c10::Argument& r : schema.returns()) tensors = tensors || mentions_tensor(*r.real_type());
+  if (!tensors) {
+    return op + " computes on plain numbers, not tensors; graphs do not record such operators";
+  }
+  const bool reshape_alias = name == "aten::_reshape_alias";
+  const bool mkldnn_convolution = name == "aten::mkldnn_convolution";
+  const bool mkldnn_transpose = name == "aten::_mkldnn_transpose" || name == "aten::_mkldnn_transpose_";
+  if (!reshape_alias && !mkldnn_convolution && !mkldnn_transpose) return "";
+
+  const std::vector<const Argument*> given = given_arguments(n);
+  const auto& params = schema.arguments();
+  // The recorded metadata of tensor argument `index`; else `problem` says so.
+  std::string problem;
+  auto input = [&](size_t index) -> const TensorMeta* {
+    const Argument* a = given[index];
+    const TensorMeta* m = a != nullptr && a->is_node() ? meta_of(*a->to_node()) : nullptr;
+    if (m == nullptr) {
+      problem = "argument '" + params[index].name() + "' of " + op + " is " +
+                (a != nullptr && a->is_node() ? "%" + a->to_node()->name() : "not a node") +
+                ", whose shape the file does not record; the loader checks this operator's "
+                "arguments against it, as its kernel does not";
+    }
+    return m;
+  };
+  auto ints = [&](size_t index) {
+    std::vector<int64_t> v;
+    const Argument* a = given[index];
+    if (a == nullptr) {
+      const c10::IValue d = default_ivalue(params[index]);
+      if (d.isIntList()) v = d.toIntVector();
+      if (d.isInt()) v.push_back(d.toInt());
+    } else if (a->is_list()) {
+      for (const Argument& e : a->to_list()) v.push_back(e.to_int());
+    } else if (a->is_int()) {
+      v.push_back(a->to_int());
+    }
+    return v;
+  };
+  auto node_name = [&](size_t index) { return "%" + given[index]->to_node()->name(); };
+
+  if (reshape_alias) {
+    const TensorMeta* self = input(0);
+    if (self == nullptr) return problem;
+    const std::vector<int64_t> sizes = ints(1), strides = ints(2);
+    const std::string view = op + " views " + node_name(0) + " (sizes " + dims_str(self->sizes) +
+                             ", strides " + dims_str(self->strides) + ") with sizes " +
+                             dims_str(sizes) + " and strides " + dims_str(strides);
+    if (sizes.size() != strides.size()) return view + ": one stride per size is needed";
+    uint64_t numel = 1;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] < 0 || strides[d] < 0) return view + ": they cannot be negative";
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(sizes[d]), &numel) ||
+          numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return view + ": more elements than 64 bits count";
+      }
+    }
+    if (numel == 0) return "";
+    const std::optional<int64_t> reach = last_offset(sizes, strides);
+    const std::optional<int64_t> within = last_offset(self->sizes, self->strides);
+    if (!reach || !within || *reach > *within) return view + ", which reach past its elements";
+    return "";
+  }
+  if (mkldnn_convolution) {
+    const TensorMeta* weight = input(1);
+    if (weight == nullptr) return problem;
+    if (weight->sizes.size() < 3) {
+      return "argument 'weight' of " + op + " is " + node_name(1) + ", of sizes " +
+             dims_str(weight->sizes) + "; a convolution's weight has at least 3 dimensions";
+    }
+    const size_t spatial = weight->sizes.size() - 2;
+    for (const char* list : {"padding", "stride", "dilation"}) {
+      const size_t count = ints(*schema.argumentIndexWithName(list)).size();
+      if (count != spatial) {
+        return "argument '" + std::string(list) + "' of " + op + " has " + std::to_string(count) +
+               " value" + (count == 1 ? "" : "s") + "; its weight " + node_name(1) + " (sizes " +
+               dims_str(weight->sizes) + ") has " + std::to_string(spatial) +
+               " spatial dimensions";
+      }
+    }
+    return "";
+  }
+  const TensorMeta* self = input(0);
+  if (self == nullptr) return problem;
+  const auto rank = static_cast<int64_t>(self->sizes.size());
+  for (size_t index : {size_t{1}, size_t{2}}) {
+    const int64_t d = ints(index).at(0);
+    if (d < -rank || d >= rank || rank == 0) {
+      return "argument '" + params[index].name() + "' of " + op + " is " + std::to_string(d) +
+             "; " + node_name(0) + " has " + std::to_string(rank) + " dimensions";
+    }
   }
   return "";
 }
