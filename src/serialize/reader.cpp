@@ -21,6 +21,7 @@
 #include "serialize/json_cursor.h"
 #include "serialize/json_scan.h"
 #include "serialize/reader.h"
+#include "serialize/shapes.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
@@ -450,6 +451,7 @@ class Reader {
 
   // The one-pass reading alone, for the Python loader (serialize/reader.h).
   std::optional<detail::OnePassRead> read_in_one_pass_only() {
+    check_shapes_ = false;  // the Python loader does not check them
     try {
       read_header();
     } catch (const FormatError&) {
@@ -575,6 +577,20 @@ class Reader {
       gm.lint();
     } catch (const LintError& e) {
       fail_at(file_, top_entry("nodes").offset, e.what());
+    }
+    // Note [Checking a file's shapes] (shapes.cpp)
+    std::optional<detail::ShapeProblem> problem;
+    if (check_shapes_) problem = detail::check_shapes(gm);
+    if (problem) {
+      size_t index = 0;
+      for (const Node* n : gm.graph()) {
+        if (n == problem->node) break;
+        ++index;
+      }
+      Entry e = table_entry("nodes", index);
+      e.noun = "node";
+      e.name = &problem->node->name();
+      e.fail("", problem->what);
     }
   }
 
@@ -1661,6 +1677,7 @@ class Reader {
   std::unordered_map<std::string, TensorMeta> attribute_metas_;
   std::vector<ModuleStack> module_stacks_;
   std::unordered_map<std::string, c10::OperatorHandle> operators_;
+  bool check_shapes_ = true;  // Note [Checking a file's shapes]
   bool nodes_apart_ = false;  // Note [Reading the nodes one at a time]
   // Note [Reading the usual file in one pass]: stack traces by their text,
   // and strings being read.
