@@ -7,7 +7,9 @@ naming the first problem and, where it has one, its byte offset:
 
 It does not check operator schemas: a call with arguments that do not fit its
 operator fails when the module runs, as any torch.fx call would. The C++
-loader (torchcap::load) checks schemas as well.
+loader (torchcap::load) checks schemas as well, and shapes. But it does refuse,
+as the C++ loader does, the arguments some kernels would not survive (a
+convolution's groups of 0: Note [Integers kernels divide by]).
 
 With the compiled part (torchcap._C) the graph of a usual file is read by the
 C++ loader instead, and the rest here; without it, or for any file that reader
@@ -955,10 +957,33 @@ class _Reader:
             env[name] = node
             if "meta" in entry:
                 self.meta(node, entry["meta"], t, label + "meta: ")
+            if op == "call_function" and target != "getitem":
+                problem = _check_call(fn, target, args, kwargs, self.recorded_shape)
+                if problem:
+                    self.fail(t, label + problem)
         if output is None:
             self.fail(self.element_offset("nodes", len(nodes)), "'nodes': the graph has no output "
                                                                 "node")
         self.graph, self.output, self.env = graph, output, env
+
+    def recorded_shape(self, node):
+        """(sizes, strides) of a node's tensor value as the file records them, or
+        None: an attribute's own, a node's metadata, or a getitem's element of
+        its source's (Note [Kernels that trust their arguments])."""
+        if node.op == "get_attr":
+            for name, _, tensor in self.attributes:
+                if name == node.target:
+                    return None if tensor is None else (tuple(tensor.shape), tensor.stride())
+            return None
+        meta = node.meta.get("tensor_meta")
+        if isinstance(meta, _TensorMetadata):
+            return tuple(meta.shape), tuple(meta.stride)
+        if node.op == "call_function" and node.target is operator.getitem:
+            source, index = node.args
+            metas = source.meta.get("tensor_meta")
+            if isinstance(metas, (tuple, list)) and 0 <= index < len(metas):
+                return tuple(metas[index].shape), tuple(metas[index].stride)
+        return None
 
     def read_nodes_from_cpp(self):
         """The nodes _C.read_graph read (Note [The graph read in C++]).
@@ -1395,6 +1420,8 @@ class _FastNodes:
             except ValueError:
                 return None
             self.operators[target] = fn
+        if _call_checks(fn) is not None:
+            return None  # the careful reader checks its arguments
         node = self.graph.create_node("call_function", fn, tuple(args), {}, name=name)
         self.env[name] = node
         return node
@@ -1504,6 +1531,233 @@ class _FastNodes:
 
 # A value of kind "none": no tensor_meta.
 _NO_TENSOR_META = object()
+
+
+# --- Arguments kernels trust ------------------------------------------------------
+
+# Note [Integers kernels divide by] and Note [Kernels that trust their
+# arguments] (src/graph/schema_check.cpp): some LibTorch kernels divide by an
+# integer argument, read a list argument's values or make a view without
+# checking them, and die of SIGFPE or SIGSEGV, which no loader can catch
+# (issue 42). This loader refuses such calls by the C++ loader's rule and with
+# its messages, so that a file is refused by both or by neither
+# (fuzz/compare_loaders.py holds them to it). Like the schema checks, the shape
+# check of the C++ loader (Note [Checking a file's shapes]) is not made here: a
+# call whose arguments do not fit its inputs' shapes fails when it runs, with
+# an error.
+_MAX_FACTOR = 2**31 - 1
+# name -> (lowest value, only in convolutions and pools)
+_INT_RANGES = {
+    "groups": (1, False), "group": (1, False), "num_head": (1, False), "num_heads": (1, False),
+    "upscale_factor": (1, False), "downscale_factor": (1, False), "chunks": (1, False),
+    "sections": (1, False), "step": (1, False), "kernel_size": (1, True), "stride": (1, True),
+    "dilation": (1, True), "padding": (0, True), "output_padding": (0, True)}
+# Operators whose kernels read N window values unchecked.
+_EXACT_WINDOWS = {
+    "aten::thnn_conv2d": 2, "aten::_slow_conv2d_forward": 2, "aten::_slow_conv2d_backward": 2,
+    "aten::slow_conv3d": 3, "aten::slow_conv3d_forward": 3,
+    "aten::mkldnn_reorder_conv2d_weight": 2, "aten::mkldnn_reorder_conv3d_weight": 3}
+_TRUSTING_KERNELS = frozenset((
+    "aten::_reshape_alias", "aten::mkldnn_convolution", "aten::_mkldnn_transpose",
+    "aten::_mkldnn_transpose_"))
+_NAMED_DIMENSIONS = re.compile(r"[A-Za-z]([123])d(?:_|$)")
+_CALL_CHECKS = {}  # OpOverload -> what _check_call checks for it, or None
+
+
+def _int_kind(t):
+    """'int' or 'list' for a parameter of an int, int[] or optional type, else None."""
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    if isinstance(t, (torch.IntType, torch.SymIntType)):
+        return "int"
+    if isinstance(t, torch.ListType) and isinstance(t.getElementType(),
+                                                    (torch.IntType, torch.SymIntType)):
+        return "list"
+    return None
+
+
+def _mentions_tensor(t):
+    if isinstance(t, torch.TensorType):
+        return True
+    if isinstance(t, (torch.OptionalType, torch.ListType)):
+        return _mentions_tensor(t.getElementType())
+    return False
+
+
+def _call_checks(op):
+    """What _check_call checks for calls of `op`, or None if nothing: made once."""
+    try:
+        return _CALL_CHECKS[op]
+    except KeyError:
+        pass
+    schema = op._schema
+    name, params = schema.name, schema.arguments
+    tensors = any(_mentions_tensor(a.type) for a in params) or any(
+        _mentions_tensor(r.type) for r in schema.returns)
+    windows = "conv" in name or "pool" in name or any(
+        a.name in ("kernel_size", "dilation", "groups") for a in params)
+    exact = _EXACT_WINDOWS.get(name)
+    found = [int(m.group(1)) for m in _NAMED_DIMENSIONS.finditer(name)]
+    dims = exact or (found[-1] if found else 0)
+    kernel_size = any(a.name == "kernel_size" for a in params)
+    ints = []  # (index, name, kind, lowest or "mode", counts allowed or None, their text)
+    for i, a in enumerate(params):
+        kind = _int_kind(a.type)
+        if kind is None:
+            continue
+        if a.name == "mode" and "embedding_bag" in name:
+            ints.append((i, a.name, kind, "mode", None, None))
+            continue
+        rule = _INT_RANGES.get(a.name)
+        if rule is None or (rule[1] and not windows):
+            continue
+        counts = text = None
+        if kind == "list" and rule[1] and dims:
+            pool_stride = not exact and a.name == "stride" and kernel_size
+            if exact:
+                counts, text = {dims}, f"exactly {dims}"
+            else:
+                counts = {1, dims} | ({0} if pool_stride else set())
+                text = ("none, 1 or " if pool_stride else "1 or ") + str(dims)
+        ints.append((i, a.name, kind, rule[0], counts, text))
+    trusting = name in _TRUSTING_KERNELS
+    plan = None
+    if not tensors or ints or trusting:
+        plan = (tensors, ints, trusting, {a.name: i for i, a in enumerate(params)}, params)
+    _CALL_CHECKS[op] = plan
+    return plan
+
+
+def _is_plain_int(v):
+    return type(v) is int
+
+
+def _dims_text(values):
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def _last_offset(sizes, strides):
+    """The highest element offset a view reaches (negative strides count
+    nothing), or None if it has no elements or the offset passes 64 bits."""
+    last = 0
+    for size, stride in zip(sizes, strides):
+        if size == 0:
+            return None
+        if stride > 0:
+            last += (size - 1) * stride
+    return last if last <= _INT64_MAX else None
+
+
+def _check_call(op, target, args, kwargs, shape_of):
+    """'' if a call of `op` passes the rule; otherwise the C++ loader's message.
+    shape_of(node) is (sizes, strides) as recorded, or None."""
+    plan = _call_checks(op)
+    if plan is None:
+        return ""
+    tensors, ints, trusting, index_of, params = plan
+    if not tensors:
+        return f"{target} computes on plain numbers, not tensors; graphs do not record such operators"
+    given = [None] * len(params)
+    present = [False] * len(params)
+    for i, a in enumerate(args[:len(params)]):
+        given[i], present[i] = a, True
+    for k, v in kwargs.items():
+        if k in index_of:
+            given[index_of[k]], present[index_of[k]] = v, True
+    for i, pname, kind, lowest, counts, text in ints:
+        v = given[i]
+        if kind == "int":
+            if not _is_plain_int(v):
+                continue  # none, or of a type the schema refuses (the C++ loader says so)
+            values, shown = [v], str(v)
+        else:
+            if not isinstance(v, (list, tuple)) or not all(_is_plain_int(e) for e in v):
+                continue
+            values, shown = list(v), _dims_text(v)
+        what = f"argument '{pname}' of {target} is {shown}"
+        if lowest == "mode":
+            if any(not 0 <= e <= 2 for e in values):
+                return f"{what}; it must be 0 (sum), 1 (mean) or 2 (max)"
+            continue
+        if any(not lowest <= e <= _MAX_FACTOR for e in values):
+            each = "each value must be" if kind == "list" else "it must be"
+            return f"{what}; {each} between {lowest} and {_MAX_FACTOR}"
+        if counts is not None and len(values) not in counts:
+            n = len(values)
+            return (f"argument '{pname}' of {target} has {n} value{'' if n == 1 else 's'}; "
+                    f"{target} takes {text}")
+    if not trusting:
+        return ""
+
+    def ints_of(i):
+        v = given[i] if present[i] else params[i].default_value
+        v = list(v) if isinstance(v, (list, tuple)) else [] if v is None else [v]
+        if not all(_is_plain_int(e) for e in v):
+            raise _Refused("")  # of a type the schema refuses: the C++ loader says so
+        return v
+
+    def shape(i):
+        a = given[i]
+        if isinstance(a, torch.fx.Node):
+            recorded = shape_of(a)
+            if recorded is not None:
+                return recorded, f"%{a.name}"
+        described = f"%{a.name}" if isinstance(a, torch.fx.Node) else "not a node"
+        raise _Refused(f"argument '{params[i].name}' of {target} is {described}, whose shape the "
+                       "file does not record; the loader checks this operator's arguments "
+                       "against it, as its kernel does not")
+
+    name = op._schema.name
+    try:
+        if name == "aten::_reshape_alias":
+            (self_sizes, self_strides), ref = shape(0)
+            sizes, strides = ints_of(1), ints_of(2)
+            view = (f"{target} views {ref} (sizes {_dims_text(self_sizes)}, strides "
+                    f"{_dims_text(self_strides)}) with sizes {_dims_text(sizes)} and strides "
+                    f"{_dims_text(strides)}")
+            if len(sizes) != len(strides):
+                return view + ": one stride per size is needed"
+            numel = 1
+            for size, stride in zip(sizes, strides):
+                if size < 0 or stride < 0:
+                    return view + ": they cannot be negative"
+                numel *= size
+                if numel > _INT64_MAX:
+                    return view + ": more elements than 64 bits count"
+            if numel == 0:
+                return ""
+            reach, within = _last_offset(sizes, strides), _last_offset(self_sizes, self_strides)
+            if reach is None or within is None or reach > within:
+                return view + ", which reach past its elements"
+            return ""
+        if name == "aten::mkldnn_convolution":
+            (weight_sizes, _), ref = shape(1)
+            if len(weight_sizes) < 3:
+                return (f"argument 'weight' of {target} is {ref}, of sizes "
+                        f"{_dims_text(weight_sizes)}; a convolution's weight has at least 3 "
+                        "dimensions")
+            spatial = len(weight_sizes) - 2
+            for lname in ("padding", "stride", "dilation"):
+                n = len(ints_of(index_of[lname]))
+                if n != spatial:
+                    return (f"argument '{lname}' of {target} has {n} value"
+                            f"{'' if n == 1 else 's'}; its weight {ref} (sizes "
+                            f"{_dims_text(weight_sizes)}) has {spatial} spatial dimensions")
+            return ""
+        (self_sizes, _), ref = shape(0)
+        rank = len(self_sizes)
+        for i in (1, 2):
+            d = ints_of(i)[0]
+            if not -rank <= d < rank:
+                return (f"argument '{params[i].name}' of {target} is {d}; {ref} has {rank} "
+                        "dimensions")
+        return ""
+    except _Refused as e:
+        return str(e)
+
+
+class _Refused(Exception):
+    """_check_call's message, from deep inside it."""
 
 
 def _plain_dims(dims, lowest):
