@@ -1653,6 +1653,26 @@ const HostileArgument kHostileArguments[] = {
      4, Json::array({1}),
      "argument 'stride' of aten::mkldnn_convolution has 1 value; its weight %x1 (sizes [6, 3, 3, "
      "3]) has 2 spatial dimensions"},
+    // Found by the structure-aware fuzzer (fuzz/harness.h): each killed the
+    // process although every integer was within the factors' range.
+    {"native_channel_shuffle_groups_beyond_the_channels", "aten::native_channel_shuffle",
+     {shape({1, 4, 2, 2})}, [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; }, 1,
+     16384,
+     "argument 'groups' of aten::native_channel_shuffle is 16384; the channels of %x0 (sizes [1, "
+     "4, 2, 2]) must be a positive multiple of it"},
+    {"unfold_backward_of_another_unfold", "aten::unfold_backward", {shape({2, 3, 8, 4, 2})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], ArgumentList{2, 3, 8, 8}, 3, 2, 2}; },
+     4, int64_t{1} << 20,
+     "argument 'grad_in' of aten::unfold_backward is %x0 (sizes [2, 3, 8, 4, 2]), which is not the "
+     "gradient of unfold(dimension 3, size 2, step 1048576) of sizes [2, 3, 8, 8]; its kernel "
+     "writes where that unfold would have read"},
+    {"convolution_without_a_stride", "aten::convolution", {shape({2, 3, 8, 8}), shape({6, 3, 3, 3})},
+     [](const std::vector<Node*>& x) {
+       return ArgumentList{x[0], x[1], Argument(), ArgumentList{1, 1}, ArgumentList{0, 0},
+                           ArgumentList{1, 1}, false, ArgumentList{0, 0}, 1};
+     },
+     3, Json::array(),
+     "argument 'stride' of aten::convolution has 0 values; aten::convolution takes at least 1"},
 };
 
 INSTANTIATE_TEST_SUITE_P(IssueFortyTwo, HostileArguments, ::testing::ValuesIn(kHostileArguments),
@@ -1715,6 +1735,34 @@ TEST(LoadRejects, RecordedDtypeThatIsNotTheKernels) {
   EXPECT_EQ(load_error(b), at_node(b, 2) +
                                "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
                                "shapes, but the file records f64[2, 4]");
+}
+
+TEST(LoadRejects, WriteOfAnotherShapeIntoABuffer) {
+  // An exported program: y = x * mean, mean <- mean + x, and the sum of x.
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  x->meta().val = ValueMeta::tensor(shape({3}));
+  Node* mean = g.get_attr("stats.mean");
+  Node* y = g.call_function("aten::mul.Tensor", {x, mean}, {}, "y");
+  Node* updated = g.call_function("aten::add.Tensor", {mean, x}, {}, "updated");
+  Node* total = g.call_function("aten::sum", {x}, {}, "total");
+  g.output({y, total, updated});
+  gm.in_spec = TreeSpec::tuple({TreeSpec::leaf()});
+  gm.out_spec = TreeSpec::tuple({TreeSpec::leaf(), TreeSpec::leaf()});
+  gm.output_specs = {OutputSpec{OutputKind::User, ""}, OutputSpec{OutputKind::User, ""},
+                     OutputSpec{OutputKind::BufferMutation, "stats.mean"}};
+  gm.set_attribute("stats.mean", at::arange(3, at::kFloat), AttributeKind::Buffer);
+  const std::string good = save_to_string(gm);
+  ASSERT_EQ(load_error(good), "");
+  // The write takes the sum: the interpreter's copy into the buffer failed
+  // with LibTorch's own message (found by the structure-aware fuzzer).
+  std::string b = with_json(good, [](Json& d) {
+    std::swap(d["nodes"][5]["args"][0][1], d["nodes"][5]["args"][0][2]);
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 5) +
+                               "node %output (nodes[5]): output 2 writes %total (f32[] on the "
+                               "recorded shapes) into buffer 'stats.mean' (f32[3])");
 }
 
 TEST(Load, ANodeThatRecordsNothingIsNotHeldToItsKernel) {

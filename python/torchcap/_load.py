@@ -1559,9 +1559,19 @@ _EXACT_WINDOWS = {
     "aten::mkldnn_reorder_conv2d_weight": 2, "aten::mkldnn_reorder_conv3d_weight": 3}
 _TRUSTING_KERNELS = frozenset((
     "aten::_reshape_alias", "aten::mkldnn_convolution", "aten::_mkldnn_transpose",
-    "aten::_mkldnn_transpose_"))
+    "aten::_mkldnn_transpose_", "aten::native_channel_shuffle", "aten::unfold_backward"))
 _NAMED_DIMENSIONS = re.compile(r"[A-Za-z]([123])d(?:_|$)")
 _CALL_CHECKS = {}  # OpOverload -> what _check_call checks for it, or None
+
+
+class _AtLeastOne:
+    """The counts of a window list of an operator not named for its dimensions."""
+
+    def __contains__(self, count):
+        return count >= 1
+
+
+_AT_LEAST_ONE = _AtLeastOne()
 
 
 def _int_kind(t):
@@ -1612,9 +1622,11 @@ def _call_checks(op):
         if rule is None or (rule[1] and not windows):
             continue
         counts = text = None
-        if kind == "list" and rule[1] and dims:
+        if kind == "list" and rule[1]:
             pool_stride = not exact and a.name == "stride" and kernel_size
-            if exact:
+            if not dims:
+                counts, text = _AT_LEAST_ONE, "at least 1"
+            elif exact:
                 counts, text = {dims}, f"exactly {dims}"
             else:
                 counts = {1, dims} | ({0} if pool_stride else set())
@@ -1743,6 +1755,35 @@ def _check_call(op, target, args, kwargs, shape_of):
                     return (f"argument '{lname}' of {target} has {n} value"
                             f"{'' if n == 1 else 's'}; its weight {ref} (sizes "
                             f"{_dims_text(weight_sizes)}) has {spatial} spatial dimensions")
+            return ""
+        if name == "aten::native_channel_shuffle":
+            (self_sizes, _), ref = shape(0)
+            groups = ints_of(1)[0]
+            if len(self_sizes) < 2 or self_sizes[1] == 0 or self_sizes[1] % groups:
+                return (f"argument 'groups' of {target} is {groups}; the channels of {ref} (sizes "
+                        f"{_dims_text(self_sizes)}) must be a positive multiple of it")
+            return ""
+        if name == "aten::unfold_backward":
+            # The gradient of unfold(input, dim, size, step) for an input of
+            # sizes input_sizes: the kernel writes where that unfold would read.
+            (grad_sizes, _), ref = shape(0)
+            input_sizes = ints_of(1)
+            dim, size, step = ints_of(2)[0], ints_of(3)[0], ints_of(4)[0]
+            rank = len(input_sizes)
+            expected = None
+            if -max(rank, 1) <= dim < max(rank, 1) and size >= 0:
+                d = 0 if rank == 0 else (dim + rank) % rank
+                expected = list(input_sizes) if rank else [1]
+                length = expected[d]
+                expected[d] = (length - size) // step + 1 if length >= size else -1
+                expected.append(size)
+                if rank == 0:
+                    del expected[0]
+            if expected is None or expected != list(grad_sizes):
+                return (f"argument 'grad_in' of {target} is {ref} (sizes {_dims_text(grad_sizes)}), "
+                        f"which is not the gradient of unfold(dimension {dim}, size {size}, step "
+                        f"{step}) of sizes {_dims_text(input_sizes)}; its kernel writes where that "
+                        "unfold would have read")
             return ""
         (self_sizes, _), ref = shape(0)
         rank = len(self_sizes)

@@ -136,7 +136,9 @@ bool fits(const c10::Type& type, const Argument& a) {
 // - Window lists of an operator named for its number of spatial dimensions N
 //   (conv2d, max_pool3d_with_indices) hold 1 or N values, or none for a
 //   pool's stride (which is then its kernel size); the operators of
-//   kExactWindows, whose kernels read N values unchecked, exactly N.
+//   kExactWindows, whose kernels read N values unchecked, exactly N; the
+//   others' (convolution, convolution_backward), at least one (torchcap's
+//   meta kernel for convolution divided by a missing stride).
 // - embedding_bag's mode, in all its operators, is 0 (sum), 1 (mean) or 2 (max).
 //
 // Sizes are not on the list: every factory, view, pad and reshape tried
@@ -279,12 +281,17 @@ std::string check_integers(const std::string& op, const c10::FunctionSchema& sch
         exact = true;
       }
     }
-    if (n == 0) continue;
     const bool pool_stride = !exact && name == "stride" && schema.argumentIndexWithName("kernel_size");
     const size_t count = values.size();
-    if (count == n || (!exact && count == 1) || (pool_stride && count == 0)) continue;
-    std::string allowed = exact ? "exactly " + std::to_string(n)
-                                : (pool_stride ? "none, 1 or " : "1 or ") + std::to_string(n);
+    std::string allowed;
+    if (n == 0) {
+      if (count > 0) continue;
+      allowed = "at least 1";
+    } else {
+      if (count == n || (!exact && count == 1) || (pool_stride && count == 0)) continue;
+      allowed = exact ? "exactly " + std::to_string(n)
+                      : (pool_stride ? "none, 1 or " : "1 or ") + std::to_string(n);
+    }
     return "argument '" + name + "' of " + op + " has " + std::to_string(count) + " value" +
            (count == 1 ? "" : "s") + "; " + op + " takes " + allowed;
   }
@@ -424,7 +431,12 @@ std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
   const bool reshape_alias = name == "aten::_reshape_alias";
   const bool mkldnn_convolution = name == "aten::mkldnn_convolution";
   const bool mkldnn_transpose = name == "aten::_mkldnn_transpose" || name == "aten::_mkldnn_transpose_";
-  if (!reshape_alias && !mkldnn_convolution && !mkldnn_transpose) return "";
+  const bool channel_shuffle = name == "aten::native_channel_shuffle";
+  const bool unfold_backward = name == "aten::unfold_backward";
+  if (!reshape_alias && !mkldnn_convolution && !mkldnn_transpose && !channel_shuffle &&
+      !unfold_backward) {
+    return "";
+  }
 
   const std::vector<const Argument*> given = given_arguments(n);
   const auto& params = schema.arguments();
@@ -495,6 +507,43 @@ std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
                dims_str(weight->sizes) + ") has " + std::to_string(spatial) +
                " spatial dimensions";
       }
+    }
+    return "";
+  }
+  if (channel_shuffle) {
+    const TensorMeta* self = input(0);
+    if (self == nullptr) return problem;
+    const int64_t groups = ints(1).at(0);
+    if (self->sizes.size() < 2 || self->sizes[1] == 0 || self->sizes[1] % groups != 0) {
+      return "argument 'groups' of " + op + " is " + std::to_string(groups) + "; the channels of " +
+             node_name(0) + " (sizes " + dims_str(self->sizes) + ") must be a positive multiple of it";
+    }
+    return "";
+  }
+  if (unfold_backward) {
+    // The gradient of unfold(input, dim, size, step) for an input of sizes
+    // input_sizes: the kernel writes where that unfold would have read.
+    const TensorMeta* grad = input(0);
+    if (grad == nullptr) return problem;
+    const std::vector<int64_t> input_sizes = ints(1);
+    const int64_t dim = ints(2).at(0), size = ints(3).at(0), step = ints(4).at(0);
+    const auto rank = static_cast<int64_t>(input_sizes.size());
+    std::vector<int64_t> expected;
+    if (dim >= -std::max<int64_t>(rank, 1) && dim < std::max<int64_t>(rank, 1) && size >= 0) {
+      const int64_t d = rank == 0 ? 0 : (dim + rank) % rank;
+      expected = input_sizes;
+      if (rank == 0) expected.push_back(1);
+      const int64_t length = expected[d];
+      expected[d] = length >= size ? (length - size) / step + 1 : -1;
+      expected.push_back(size);
+      if (rank == 0) expected.erase(expected.begin());
+    }
+    if (expected.empty() || c10::IntArrayRef(expected) != c10::IntArrayRef(grad->sizes)) {
+      return "argument 'grad_in' of " + op + " is " + node_name(0) + " (sizes " +
+             dims_str(grad->sizes) + "), which is not the gradient of unfold(dimension " +
+             std::to_string(dim) + ", size " + std::to_string(size) + ", step " +
+             std::to_string(step) + ") of sizes " + dims_str(input_sizes) +
+             "; its kernel writes where that unfold would have read";
     }
     return "";
   }

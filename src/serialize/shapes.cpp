@@ -13,7 +13,9 @@
 //   number of tensors, dtype or sizes (strides are not compared: LibTorch
 //   1.13's meta kernels do not lay out every result as its CPU kernel does);
 // - and so is a result that views more memory than its storage has (a
-//   kernel that trusted its arguments).
+//   kernel that trusted its arguments), and a value the output writes into a
+//   buffer or an input (the signature's mutations) of another dtype or shape
+//   than its target's.
 // Where a kernel cannot run on meta tensors — it has none for the meta
 // device, an input's shape is unknown (a placeholder without metadata), or it
 // takes neither a tensor nor a device, so it would allocate on the CPU — the
@@ -111,7 +113,7 @@ class ShapeChecker {
 
   std::optional<ShapeProblem> run() {
     for (const Node* n : gm_.graph()) {
-      if (n->op() == OpCode::Output) break;
+      if (n->op() == OpCode::Output) return check_writes(*n);
       std::string problem;
       c10::IValue v = value(*n, problem);
       if (!problem.empty()) return ShapeProblem{n, std::move(problem)};
@@ -226,8 +228,13 @@ class ShapeChecker {
       }
       const ValueMeta& recorded = n.meta().val;
       if (recorded.kind != ValueKind::Unknown && recorded.kind != ValueKind::None) {
-        const ValueMeta computed = result_meta(n.schema(), stack);
+        ValueMeta computed = result_meta(n.schema(), stack);
         if (computed.known() && !same_shapes(recorded, computed)) {
+          // Shown on the recorded devices, not the meta device.
+          for (size_t i = 0; i < computed.tensors.size(); ++i) {
+            computed.tensors[i].device = i < recorded.tensors.size() ? recorded.tensors[i].device
+                                                                     : c10::Device(c10::kCPU);
+          }
           problem = n.target() + " gives " + computed.str() + " on the recorded shapes, but the file records " + recorded.str();
           return c10::IValue();
         }
@@ -239,6 +246,39 @@ class ShapeChecker {
     if (stack.empty()) return c10::IValue();
     if (stack.size() == 1) return std::move(stack[0]);
     return c10::ivalue::Tuple::create(std::move(stack));
+  }
+
+  // The values a graph's output writes into buffers and inputs (its
+  // signature's mutations) have their targets' dtype and sizes: the
+  // interpreter and the Python module copy them there.
+  std::optional<ShapeProblem> check_writes(const Node& output) const {
+    const ArgumentList& results = output.args()[0].to_list();
+    for (size_t i = gm_.num_user_outputs(); i < gm_.output_specs.size() && i < results.size(); ++i) {
+      const OutputSpec& spec = gm_.output_specs[i];
+      const c10::IValue* value = results[i].is_node() ? value_of(results[i].to_node()) : nullptr;
+      if (value == nullptr || !value->isTensor()) continue;
+      std::optional<TensorMeta> target;
+      if (spec.kind == OutputKind::BufferMutation) {
+        const at::Tensor& t = gm_.attribute(spec.target).value;
+        if (t.defined()) target = TensorMeta::of(t);
+      } else if (spec.kind == OutputKind::InputMutation) {
+        for (const Node* p : gm_.graph().placeholders()) {
+          if (p->name() == spec.target && p->meta().val.kind == ValueKind::Tensor) {
+            target = p->meta().val.tensors[0];
+          }
+        }
+      }
+      TensorMeta written = TensorMeta::of(value->toTensor());
+      if (!target || (written.dtype == target->dtype && written.sizes == target->sizes)) continue;
+      written.device = target->device;
+      return ShapeProblem{&output, "output " + std::to_string(i) + " writes %" +
+                                       results[i].to_node()->name() + " (" + written.str() +
+                                       " on the recorded shapes) into " +
+                                       (spec.kind == OutputKind::BufferMutation ? "buffer '"
+                                                                                : "input '") +
+                                       spec.target + "' (" + target->str() + ")"};
+    }
+    return std::nullopt;
   }
 
   static bool same_shapes(const ValueMeta& a, const ValueMeta& b) {

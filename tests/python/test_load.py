@@ -702,6 +702,17 @@ HOSTILE_ARGUMENTS = [
      [X[0], X[1], None, [0, 0], [1, 1], [1, 1], 1], 4, [1],
      "argument 'stride' of aten::mkldnn_convolution has 1 value; its weight %x1 (sizes [6, 3, 3, "
      "3]) has 2 spatial dimensions"),
+    # Found by the structure-aware fuzzer (fuzz/harness.h).
+    ("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2], 1, 16384,
+     "argument 'groups' of aten::native_channel_shuffle is 16384; the channels of %x0 (sizes [1, "
+     "4, 2, 2]) must be a positive multiple of it"),
+    ("aten::unfold_backward", [(F32, [2, 3, 8, 4, 2])], [X[0], [2, 3, 8, 8], 3, 2, 2], 4, 1 << 20,
+     "argument 'grad_in' of aten::unfold_backward is %x0 (sizes [2, 3, 8, 4, 2]), which is not the "
+     "gradient of unfold(dimension 3, size 2, step 1048576) of sizes [2, 3, 8, 8]; its kernel "
+     "writes where that unfold would have read"),
+    ("aten::convolution", [(F32, [2, 3, 8, 8]), (F32, [6, 3, 3, 3])],
+     [X[0], X[1], None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1], 3, [],
+     "argument 'stride' of aten::convolution has 0 values; aten::convolution takes at least 1"),
 ]
 
 
@@ -713,7 +724,9 @@ HOSTILE_ARGUMENTS = [
                               "max_pool2d_stride_zero", "max_pool2d_kernel_of_three_dimensions",
                               "slow_conv2d_without_a_kernel_size", "embedding_bag_mode_seven",
                               "reshape_alias_past_its_input",
-                              "mkldnn_convolution_window_shorter_than_its_weight"])
+                              "mkldnn_convolution_window_shorter_than_its_weight",
+                              "native_channel_shuffle_groups_beyond_the_channels",
+                              "unfold_backward_of_another_unfold", "convolution_without_a_stride"])
 def test_arguments_kernels_trust_are_refused_naming_the_node(tmp_path, target, inputs, args,
                                                               index, value, message):
     # Note [Integers kernels divide by], Note [Kernels that trust their
