@@ -949,6 +949,7 @@ class _Reader:
                 if not all(isinstance(a, torch.fx.Node) for a in args[0]):
                     self.fail(t, label + "the results must be nodes")
                 node = output = graph.output(args[0])
+                self.output_name = name
             else:
                 self.fail(t, f"{label}op: unknown opcode '{op}'")
             seen_other = seen_other or op != "placeholder"
@@ -965,6 +966,20 @@ class _Reader:
             self.fail(self.element_offset("nodes", len(nodes)), "'nodes': the graph has no output "
                                                                 "node")
         self.graph, self.output, self.env = graph, output, env
+
+    def check_results(self):
+        """Each result is a node of one tensor, as the C++ loader's lint has it
+        (a node of several outputs is read through getitem)."""
+        if self.graph_from_cpp is not None:
+            return  # the C++ reader checked them
+        names = {node: name for name, node in self.env.items()}
+        for a in self.output.args[0]:
+            if a.op == "call_function" and a.target is not operator.getitem:
+                returns = a.target._schema.returns
+                if len(returns) != 1 or not isinstance(returns[0].type, torch.TensorType):
+                    self.fail(self.top_offset("nodes"),
+                              f"lint: output %{self.output_name} returns node %{names[a]}; "
+                              "results must be Tensor nodes or none")
 
     def recorded_shape(self, node):
         """(sizes, strides) of a node's tensor value as the file records them, or
@@ -1224,6 +1239,7 @@ class _Reader:
         out_spec = self.spec(self.top("out_spec"), lambda: self.top_offset("out_spec"),
                              "'out_spec': ")
         mutations = self.signature()
+        self.check_results()
 
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
         if in_spec.num_leaves != len(placeholders):

@@ -767,6 +767,18 @@ def test_operators_on_plain_numbers_are_refused(tmp_path):
         "numbers, not tensors; graphs do not record such operators")
 
 
+def test_a_result_of_several_outputs_is_refused_as_the_cpp_loader_does(files, tmp_path):
+    # The C++ loader's lint refuses it; this loader made a module that returned
+    # topk's pair (found by compare_loaders.py on the structure-aware corpus).
+    doc, data = sections((files / "small.tcg").read_bytes())
+    doc["nodes"][7]["args"][0][0] = {"node": "topk"}
+    bad = rebuild(doc, data)
+    nodes = in_json(bad, b'[{"name":"x"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {nodes}: lint: output %output returns node %topk; results must be Tensor "
+        "nodes or none")
+
+
 def test_negative_padding_of_a_pad_is_no_window(tmp_path):
     path = tmp_path / "pad.tcg"
     path.write_bytes(one_call("aten::reflection_pad2d", [(F32, [1, 2, 5, 5])], [X[0], [-1] * 4]))
