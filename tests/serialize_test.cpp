@@ -1658,8 +1658,8 @@ const HostileArgument kHostileArguments[] = {
     {"native_channel_shuffle_groups_beyond_the_channels", "aten::native_channel_shuffle",
      {shape({1, 4, 2, 2})}, [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; }, 1,
      16384,
-     "argument 'groups' of aten::native_channel_shuffle is 16384; the channels of %x0 (sizes [1, "
-     "4, 2, 2]) must be a positive multiple of it"},
+     "argument 'groups' of aten::native_channel_shuffle is 16384; its kernel needs %x0 (sizes [1, "
+     "4, 2, 2]) to have a batch and a positive multiple of it as channels"},
     {"unfold_backward_of_another_unfold", "aten::unfold_backward", {shape({2, 3, 8, 4, 2})},
      [](const std::vector<Node*>& x) { return ArgumentList{x[0], ArgumentList{2, 3, 8, 8}, 3, 2, 2}; },
      4, int64_t{1} << 20,
@@ -1689,6 +1689,30 @@ TEST(LoadRejects, TrustingKernelWhoseInputHasNoRecordedShape) {
                                "node %call (nodes[1]): argument 'self' of aten::_reshape_alias is "
                                "%x0, whose shape the file does not record; the loader checks this "
                                "operator's arguments against it, as its kernel does not");
+}
+
+TEST(LoadRejects, TrustingKernelsOnAnEmptyBatch) {
+  // Found by the structure-aware fuzzer: both die of a batch of 0 (SIGFPE, SIGSEGV).
+  GraphModule shuffle = one_call("aten::native_channel_shuffle", {shape({1, 4, 2, 2})},
+                                 [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; });
+  GraphModule rescale = one_call("aten::_transform_bias_rescale_qkv", {shape({1, 3, 12}), shape({12})},
+                                 [](const std::vector<Node*>& x) { return ArgumentList{x[0], x[1], 2}; });
+  auto empty_batch = [](const GraphModule& gm) {
+    return with_json(save_to_string(gm), [](Json& d) {
+      d["nodes"][0]["meta"]["val"]["tensors"][0]["sizes"][0] = 0;
+    });
+  };
+  std::string b = empty_batch(shuffle);
+  EXPECT_EQ(load_error(b), at_node(b, 1) +
+                               "node %call (nodes[1]): argument 'groups' of "
+                               "aten::native_channel_shuffle is 2; its kernel needs %x0 (sizes [0, "
+                               "4, 2, 2]) to have a batch and a positive multiple of it as channels");
+  b = empty_batch(rescale);
+  EXPECT_EQ(load_error(b), at_node(b, 2) +
+                               "node %call (nodes[2]): arguments 'qkv' and 'qkv_bias' of "
+                               "aten::_transform_bias_rescale_qkv are %x0 (sizes [0, 3, 12]) and %x1 "
+                               "(sizes [12]); its kernel takes [batch of at least 1, tokens, 3 * "
+                               "embedding] and [3 * embedding]");
 }
 
 TEST(Load, NegativePaddingOfAPadIsNoWindow) {

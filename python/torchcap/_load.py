@@ -1575,7 +1575,8 @@ _EXACT_WINDOWS = {
     "aten::mkldnn_reorder_conv2d_weight": 2, "aten::mkldnn_reorder_conv3d_weight": 3}
 _TRUSTING_KERNELS = frozenset((
     "aten::_reshape_alias", "aten::mkldnn_convolution", "aten::_mkldnn_transpose",
-    "aten::_mkldnn_transpose_", "aten::native_channel_shuffle", "aten::unfold_backward"))
+    "aten::_mkldnn_transpose_", "aten::native_channel_shuffle", "aten::unfold_backward",
+    "aten::_transform_bias_rescale_qkv"))
 _NAMED_DIMENSIONS = re.compile(r"[A-Za-z]([123])d(?:_|$)")
 _CALL_CHECKS = {}  # OpOverload -> what _check_call checks for it, or None
 
@@ -1775,9 +1776,19 @@ def _check_call(op, target, args, kwargs, shape_of):
         if name == "aten::native_channel_shuffle":
             (self_sizes, _), ref = shape(0)
             groups = ints_of(1)[0]
-            if len(self_sizes) < 2 or self_sizes[1] == 0 or self_sizes[1] % groups:
-                return (f"argument 'groups' of {target} is {groups}; the channels of {ref} (sizes "
-                        f"{_dims_text(self_sizes)}) must be a positive multiple of it")
+            if (len(self_sizes) < 2 or self_sizes[0] == 0 or self_sizes[1] == 0
+                    or self_sizes[1] % groups):
+                return (f"argument 'groups' of {target} is {groups}; its kernel needs {ref} (sizes "
+                        f"{_dims_text(self_sizes)}) to have a batch and a positive multiple of it "
+                        "as channels")
+            return ""
+        if name == "aten::_transform_bias_rescale_qkv":
+            (qkv, _), ref = shape(0)
+            (bias, _), bias_ref = shape(1)
+            if len(qkv) != 3 or qkv[0] == 0 or len(bias) != 1 or bias[0] != qkv[2]:
+                return (f"arguments 'qkv' and 'qkv_bias' of {target} are {ref} (sizes "
+                        f"{_dims_text(qkv)}) and {bias_ref} (sizes {_dims_text(bias)}); its kernel "
+                        "takes [batch of at least 1, tokens, 3 * embedding] and [3 * embedding]")
             return ""
         if name == "aten::unfold_backward":
             # The gradient of unfold(input, dim, size, step) for an input of

@@ -371,9 +371,18 @@ std::string check_getitem(const Node& n) {
 //   its input's memory reads outside it when used (SIGSEGV);
 // - mkldnn_convolution reads as many padding, stride and dilation values as
 //   its weight has spatial dimensions (SIGFPE, SIGSEGV with fewer);
-// - _mkldnn_transpose(_) indexes the dimensions it is given (SIGSEGV).
+// - _mkldnn_transpose(_) indexes the dimensions it is given (SIGSEGV);
+// - native_channel_shuffle divides by channels / groups (SIGFPE when groups
+//   exceed the channels, or for an empty batch);
+// - unfold_backward writes where the unfold its arguments describe would have
+//   read, whatever its gradient's shape (SIGSEGV);
+// - _transform_bias_rescale_qkv reads its bias as long as its input's last
+//   dimension, and dies on an empty batch (SIGSEGV).
 // The loader checks these calls against the recorded metadata of their
-// inputs, and refuses one whose input has none. And operators on plain
+// inputs, and refuses one whose input has none. The last three the
+// structure-aware fuzzer found (fuzz/harness.h): this list samples a class
+// (internal kernels that trust their inputs' shapes) that `make fuzz` and the
+// smoke test of `make test` keep looking into. And operators on plain
 // numbers (no tensor in, none out: aten::remainder.int divides by zero
 // unchecked) are refused outright: graphs compute on tensors, the tracers
 // never record them, and a graph could not use their results anyway.
@@ -433,8 +442,9 @@ std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
   const bool mkldnn_transpose = name == "aten::_mkldnn_transpose" || name == "aten::_mkldnn_transpose_";
   const bool channel_shuffle = name == "aten::native_channel_shuffle";
   const bool unfold_backward = name == "aten::unfold_backward";
+  const bool rescale_qkv = name == "aten::_transform_bias_rescale_qkv";
   if (!reshape_alias && !mkldnn_convolution && !mkldnn_transpose && !channel_shuffle &&
-      !unfold_backward) {
+      !unfold_backward && !rescale_qkv) {
     return "";
   }
 
@@ -514,9 +524,26 @@ std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
     const TensorMeta* self = input(0);
     if (self == nullptr) return problem;
     const int64_t groups = ints(1).at(0);
-    if (self->sizes.size() < 2 || self->sizes[1] == 0 || self->sizes[1] % groups != 0) {
-      return "argument 'groups' of " + op + " is " + std::to_string(groups) + "; the channels of " +
-             node_name(0) + " (sizes " + dims_str(self->sizes) + ") must be a positive multiple of it";
+    if (self->sizes.size() < 2 || self->sizes[0] == 0 || self->sizes[1] == 0 ||
+        self->sizes[1] % groups != 0) {
+      return "argument 'groups' of " + op + " is " + std::to_string(groups) + "; its kernel needs " +
+             node_name(0) + " (sizes " + dims_str(self->sizes) +
+             ") to have a batch and a positive multiple of it as channels";
+    }
+    return "";
+  }
+  if (rescale_qkv) {
+    // The attention fast path's: an empty batch is a SIGSEGV, and the bias
+    // is read as long as the last dimension.
+    const TensorMeta* qkv = input(0);
+    if (qkv == nullptr) return problem;
+    const TensorMeta* bias = input(1);
+    if (bias == nullptr) return problem;
+    if (qkv->sizes.size() != 3 || qkv->sizes[0] == 0 || bias->sizes.size() != 1 ||
+        bias->sizes[0] != qkv->sizes[2]) {
+      return "arguments 'qkv' and 'qkv_bias' of " + op + " are " + node_name(0) + " (sizes " +
+             dims_str(qkv->sizes) + ") and " + node_name(1) + " (sizes " + dims_str(bias->sizes) +
+             "); its kernel takes [batch of at least 1, tokens, 3 * embedding] and [3 * embedding]";
     }
     return "";
   }

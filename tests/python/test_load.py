@@ -704,8 +704,8 @@ HOSTILE_ARGUMENTS = [
      "3]) has 2 spatial dimensions"),
     # Found by the structure-aware fuzzer (fuzz/harness.h).
     ("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2], 1, 16384,
-     "argument 'groups' of aten::native_channel_shuffle is 16384; the channels of %x0 (sizes [1, "
-     "4, 2, 2]) must be a positive multiple of it"),
+     "argument 'groups' of aten::native_channel_shuffle is 16384; its kernel needs %x0 (sizes [1, "
+     "4, 2, 2]) to have a batch and a positive multiple of it as channels"),
     ("aten::unfold_backward", [(F32, [2, 3, 8, 4, 2])], [X[0], [2, 3, 8, 8], 3, 2, 2], 4, 1 << 20,
      "argument 'grad_in' of aten::unfold_backward is %x0 (sizes [2, 3, 8, 4, 2]), which is not the "
      "gradient of unfold(dimension 3, size 2, step 1048576) of sizes [2, 3, 8, 8]; its kernel "
@@ -752,6 +752,26 @@ def test_trusting_kernel_whose_input_has_no_recorded_shape(tmp_path):
         f"f.tcg: byte {offset}: node %call (nodes[1]): argument 'self' of aten::_reshape_alias is "
         "%x0, whose shape the file does not record; the loader checks this operator's arguments "
         "against it, as its kernel does not")
+
+
+def test_trusting_kernels_on_an_empty_batch(tmp_path):
+    # Found by the structure-aware fuzzer: both die of a batch of 0 (SIGFPE, SIGSEGV).
+    def empty_batch(data):
+        doc, tensors = sections(data)
+        doc["nodes"][0]["meta"]["val"]["tensors"][0]["sizes"][0] = 0
+        return rebuild(doc, tensors)
+    call = b'{"name":"call"'
+    bad = empty_batch(one_call("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2]))
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[1]): argument 'groups' of "
+        "aten::native_channel_shuffle is 2; its kernel needs %x0 (sizes [0, 4, 2, 2]) to have a "
+        "batch and a positive multiple of it as channels")
+    bad = empty_batch(one_call("aten::_transform_bias_rescale_qkv", [(F32, [1, 3, 12]), (F32, [12])],
+                               [X[0], X[1], 2]))
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[2]): arguments 'qkv' and 'qkv_bias' "
+        "of aten::_transform_bias_rescale_qkv are %x0 (sizes [0, 3, 12]) and %x1 (sizes [12]); "
+        "its kernel takes [batch of at least 1, tokens, 3 * embedding] and [3 * embedding]")
 
 
 def test_operators_on_plain_numbers_are_refused(tmp_path):
