@@ -1691,8 +1691,9 @@ TEST(LoadRejects, TrustingKernelWhoseInputHasNoRecordedShape) {
                                "operator's arguments against it, as its kernel does not");
 }
 
-TEST(LoadRejects, TrustingKernelsOnAnEmptyBatch) {
-  // Found by the structure-aware fuzzer: both die of a batch of 0 (SIGFPE, SIGSEGV).
+TEST(LoadRejects, TrustingKernelsOnShapesTheyDoNotSurvive) {
+  // Found by the structure-aware fuzzer: a batch of 0 (SIGFPE, SIGSEGV), and
+  // embedding_bag in mode max without a bag (SIGSEGV).
   GraphModule shuffle = one_call("aten::native_channel_shuffle", {shape({1, 4, 2, 2})},
                                  [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; });
   GraphModule rescale = one_call("aten::_transform_bias_rescale_qkv", {shape({1, 3, 12}), shape({12})},
@@ -1713,6 +1714,19 @@ TEST(LoadRejects, TrustingKernelsOnAnEmptyBatch) {
                                "aten::_transform_bias_rescale_qkv are %x0 (sizes [0, 3, 12]) and %x1 "
                                "(sizes [12]); its kernel takes [batch of at least 1, tokens, 3 * "
                                "embedding] and [3 * embedding]");
+  GraphModule bag = one_call("aten::embedding_bag",
+                             {shape({10, 3}), shape({4}, c10::kLong), shape({1}, c10::kLong)},
+                             [](const std::vector<Node*>& x) {
+                               return ArgumentList{x[0], x[1], x[2], false, 2};
+                             });
+  b = with_json(save_to_string(bag), [](Json& d) {
+    d["nodes"][2]["meta"]["val"]["tensors"][0]["sizes"][0] = 0;
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %call (nodes[3]): arguments 'indices' and 'offsets' of "
+                               "aten::embedding_bag are %x1 (sizes [4]) and %x2 (sizes [0]); its "
+                               "kernel takes 1-D indices and offsets, and in mode 2 (max) at least "
+                               "one bag");
 }
 
 TEST(Load, NegativePaddingOfAPadIsNoWindow) {

@@ -1573,10 +1573,6 @@ _EXACT_WINDOWS = {
     "aten::thnn_conv2d": 2, "aten::_slow_conv2d_forward": 2, "aten::_slow_conv2d_backward": 2,
     "aten::slow_conv3d": 3, "aten::slow_conv3d_forward": 3,
     "aten::mkldnn_reorder_conv2d_weight": 2, "aten::mkldnn_reorder_conv3d_weight": 3}
-_TRUSTING_KERNELS = frozenset((
-    "aten::_reshape_alias", "aten::mkldnn_convolution", "aten::_mkldnn_transpose",
-    "aten::_mkldnn_transpose_", "aten::native_channel_shuffle", "aten::unfold_backward",
-    "aten::_transform_bias_rescale_qkv"))
 _NAMED_DIMENSIONS = re.compile(r"[A-Za-z]([123])d(?:_|$)")
 _CALL_CHECKS = {}  # OpOverload -> what _check_call checks for it, or None
 
@@ -1685,7 +1681,8 @@ def _check_call(op, target, args, kwargs, shape_of):
         return ""
     tensors, ints, trusting, index_of, params = plan
     if not tensors:
-        return f"{target} computes on plain numbers, not tensors; graphs do not record such operators"
+        return (f"{target} computes on plain numbers, not tensors; graphs do not record such "
+                "operators")
     given = [None] * len(params)
     present = [False] * len(params)
     for i, a in enumerate(args[:len(params)]):
@@ -1715,117 +1712,173 @@ def _check_call(op, target, args, kwargs, shape_of):
             n = len(values)
             return (f"argument '{pname}' of {target} has {n} value{'' if n == 1 else 's'}; "
                     f"{target} takes {text}")
-    if not trusting:
+    check = _TRUSTING_KERNELS.get(op._schema.name) if trusting else None
+    if check is None:
         return ""
-
-    def ints_of(i):
-        v = given[i] if present[i] else params[i].default_value
-        v = list(v) if isinstance(v, (list, tuple)) else [] if v is None else [v]
-        if not all(_is_plain_int(e) for e in v):
-            raise _Refused("")  # of a type the schema refuses: the C++ loader says so
-        return v
-
-    def shape(i):
-        a = given[i]
-        if isinstance(a, torch.fx.Node):
-            recorded = shape_of(a)
-            if recorded is not None:
-                return recorded, f"%{a.name}"
-        described = f"%{a.name}" if isinstance(a, torch.fx.Node) else "not a node"
-        raise _Refused(f"argument '{params[i].name}' of {target} is {described}, whose shape the "
-                       "file does not record; the loader checks this operator's arguments "
-                       "against it, as its kernel does not")
-
-    name = op._schema.name
     try:
-        if name == "aten::_reshape_alias":
-            (self_sizes, self_strides), ref = shape(0)
-            sizes, strides = ints_of(1), ints_of(2)
-            view = (f"{target} views {ref} (sizes {_dims_text(self_sizes)}, strides "
-                    f"{_dims_text(self_strides)}) with sizes {_dims_text(sizes)} and strides "
-                    f"{_dims_text(strides)}")
-            if len(sizes) != len(strides):
-                return view + ": one stride per size is needed"
-            numel = 1
-            for size, stride in zip(sizes, strides):
-                if size < 0 or stride < 0:
-                    return view + ": they cannot be negative"
-                numel *= size
-                if numel > _INT64_MAX:
-                    return view + ": more elements than 64 bits count"
-            if numel == 0:
-                return ""
-            reach, within = _last_offset(sizes, strides), _last_offset(self_sizes, self_strides)
-            if reach is None or within is None or reach > within:
-                return view + ", which reach past its elements"
-            return ""
-        if name == "aten::mkldnn_convolution":
-            (weight_sizes, _), ref = shape(1)
-            if len(weight_sizes) < 3:
-                return (f"argument 'weight' of {target} is {ref}, of sizes "
-                        f"{_dims_text(weight_sizes)}; a convolution's weight has at least 3 "
-                        "dimensions")
-            spatial = len(weight_sizes) - 2
-            for lname in ("padding", "stride", "dilation"):
-                n = len(ints_of(index_of[lname]))
-                if n != spatial:
-                    return (f"argument '{lname}' of {target} has {n} value"
-                            f"{'' if n == 1 else 's'}; its weight {ref} (sizes "
-                            f"{_dims_text(weight_sizes)}) has {spatial} spatial dimensions")
-            return ""
-        if name == "aten::native_channel_shuffle":
-            (self_sizes, _), ref = shape(0)
-            groups = ints_of(1)[0]
-            if (len(self_sizes) < 2 or self_sizes[0] == 0 or self_sizes[1] == 0
-                    or self_sizes[1] % groups):
-                return (f"argument 'groups' of {target} is {groups}; its kernel needs {ref} (sizes "
-                        f"{_dims_text(self_sizes)}) to have a batch and a positive multiple of it "
-                        "as channels")
-            return ""
-        if name == "aten::_transform_bias_rescale_qkv":
-            (qkv, _), ref = shape(0)
-            (bias, _), bias_ref = shape(1)
-            if len(qkv) != 3 or qkv[0] == 0 or len(bias) != 1 or bias[0] != qkv[2]:
-                return (f"arguments 'qkv' and 'qkv_bias' of {target} are {ref} (sizes "
-                        f"{_dims_text(qkv)}) and {bias_ref} (sizes {_dims_text(bias)}); its kernel "
-                        "takes [batch of at least 1, tokens, 3 * embedding] and [3 * embedding]")
-            return ""
-        if name == "aten::unfold_backward":
-            # The gradient of unfold(input, dim, size, step) for an input of
-            # sizes input_sizes: the kernel writes where that unfold would read.
-            (grad_sizes, _), ref = shape(0)
-            input_sizes = ints_of(1)
-            dim, size, step = ints_of(2)[0], ints_of(3)[0], ints_of(4)[0]
-            rank = len(input_sizes)
-            expected = None
-            if -max(rank, 1) <= dim < max(rank, 1) and size >= 0:
-                d = 0 if rank == 0 else (dim + rank) % rank
-                expected = list(input_sizes) if rank else [1]
-                length = expected[d]
-                expected[d] = (length - size) // step + 1 if length >= size else -1
-                expected.append(size)
-                if rank == 0:
-                    del expected[0]
-            if expected is None or expected != list(grad_sizes):
-                return (f"argument 'grad_in' of {target} is {ref} (sizes {_dims_text(grad_sizes)}), "
-                        f"which is not the gradient of unfold(dimension {dim}, size {size}, step "
-                        f"{step}) of sizes {_dims_text(input_sizes)}; its kernel writes where that "
-                        "unfold would have read")
-            return ""
-        (self_sizes, _), ref = shape(0)
-        rank = len(self_sizes)
-        for i in (1, 2):
-            d = ints_of(i)[0]
-            if not -rank <= d < rank:
-                return (f"argument '{params[i].name}' of {target} is {d}; {ref} has {rank} "
-                        "dimensions")
-        return ""
-    except _Refused as e:
+        return check(_TrustingCall(target, given, present, params, shape_of))
+    except _Unrecorded as e:
         return str(e)
 
 
-class _Refused(Exception):
-    """_check_call's message, from deep inside it."""
+class _Unrecorded(Exception):
+    """The file records no shape for an input a kernel's check needs (or the
+    argument is of a type the schema refuses: the message is then empty, and
+    the C++ loader names the type)."""
+
+
+class _TrustingCall:
+    """A call of one of the kernels Note [Kernels that trust their arguments]
+    lists, as its check reads it."""
+
+    def __init__(self, target, given, present, params, shape_of):
+        self.op, self.given, self.present, self.params = target, given, present, params
+        self.shape_of = shape_of
+
+    def input(self, i):
+        """(sizes, strides) of tensor argument i as recorded; raises _Unrecorded."""
+        a = self.given[i]
+        if isinstance(a, torch.fx.Node):
+            recorded = self.shape_of(a)
+            if recorded is not None:
+                return recorded
+        described = f"%{a.name}" if isinstance(a, torch.fx.Node) else "not a node"
+        raise _Unrecorded(f"argument '{self.params[i].name}' of {self.op} is {described}, whose "
+                          "shape the file does not record; the loader checks this operator's "
+                          "arguments against it, as its kernel does not")
+
+    def ref(self, i):
+        return f"%{self.given[i].name}"
+
+    def flag(self, i):
+        v = self.given[i] if self.present[i] else self.params[i].default_value
+        return v is True
+
+    def ints(self, i):
+        v = self.given[i] if self.present[i] else self.params[i].default_value
+        v = list(v) if isinstance(v, (list, tuple)) else [] if v is None else [v]
+        if not all(_is_plain_int(e) for e in v):
+            raise _Unrecorded("")
+        return v
+
+
+def _check_reshape_alias(c):
+    self_sizes, self_strides = c.input(0)
+    sizes, strides = c.ints(1), c.ints(2)
+    view = (f"{c.op} views {c.ref(0)} (sizes {_dims_text(self_sizes)}, strides "
+            f"{_dims_text(self_strides)}) with sizes {_dims_text(sizes)} and strides "
+            f"{_dims_text(strides)}")
+    if len(sizes) != len(strides):
+        return view + ": one stride per size is needed"
+    numel = 1
+    for size, stride in zip(sizes, strides):
+        if size < 0 or stride < 0:
+            return view + ": they cannot be negative"
+        numel *= size
+        if numel > _INT64_MAX:
+            return view + ": more elements than 64 bits count"
+    if numel == 0:
+        return ""
+    reach, within = _last_offset(sizes, strides), _last_offset(self_sizes, self_strides)
+    if reach is None or within is None or reach > within:
+        return view + ", which reach past its elements"
+    return ""
+
+
+def _check_mkldnn_convolution(c):
+    weight, _ = c.input(1)
+    if len(weight) < 3:
+        return (f"argument 'weight' of {c.op} is {c.ref(1)}, of sizes {_dims_text(weight)}; a "
+                "convolution's weight has at least 3 dimensions")
+    spatial = len(weight) - 2
+    for i in (3, 4, 5):  # padding, stride, dilation
+        n = len(c.ints(i))
+        if n != spatial:
+            return (f"argument '{c.params[i].name}' of {c.op} has {n} value"
+                    f"{'' if n == 1 else 's'}; its weight {c.ref(1)} (sizes {_dims_text(weight)}) "
+                    f"has {spatial} spatial dimensions")
+    return ""
+
+
+def _check_mkldnn_transpose(c):
+    rank = len(c.input(0)[0])
+    for i in (1, 2):
+        d = c.ints(i)[0]
+        if not -rank <= d < rank:
+            return (f"argument '{c.params[i].name}' of {c.op} is {d}; {c.ref(0)} has {rank} "
+                    "dimensions")
+    return ""
+
+
+def _check_channel_shuffle(c):
+    sizes, _ = c.input(0)
+    groups = c.ints(1)[0]
+    if len(sizes) < 2 or sizes[0] == 0 or sizes[1] == 0 or sizes[1] % groups:
+        return (f"argument 'groups' of {c.op} is {groups}; its kernel needs {c.ref(0)} (sizes "
+                f"{_dims_text(sizes)}) to have a batch and a positive multiple of it as channels")
+    return ""
+
+
+def _check_unfold_backward(c):
+    """The gradient of unfold(input, dim, size, step) for an input of sizes
+    input_sizes: the kernel writes where that unfold would have read."""
+    grad, _ = c.input(0)
+    input_sizes = c.ints(1)
+    dim, size, step = c.ints(2)[0], c.ints(3)[0], c.ints(4)[0]
+    rank = len(input_sizes)
+    expected = None  # what unfold gives (a 0-dim input unfolds as [1])
+    if -max(rank, 1) <= dim < max(rank, 1) and size >= 0:
+        d = 0 if rank == 0 else (dim + rank) % rank
+        expected = list(input_sizes) if rank else [1]
+        length = expected[d]
+        expected[d] = (length - size) // step + 1 if length >= size else -1
+        expected.append(size)
+        if rank == 0:
+            del expected[0]
+    if expected is None or expected != list(grad):
+        return (f"argument 'grad_in' of {c.op} is {c.ref(0)} (sizes {_dims_text(grad)}), which is "
+                f"not the gradient of unfold(dimension {dim}, size {size}, step {step}) of sizes "
+                f"{_dims_text(input_sizes)}; its kernel writes where that unfold would have read")
+    return ""
+
+
+def _check_rescale_qkv(c):
+    qkv, _ = c.input(0)
+    bias, _ = c.input(1)
+    if len(qkv) != 3 or qkv[0] == 0 or len(bias) != 1 or bias[0] != qkv[2]:
+        return (f"arguments 'qkv' and 'qkv_bias' of {c.op} are {c.ref(0)} (sizes "
+                f"{_dims_text(qkv)}) and {c.ref(1)} (sizes {_dims_text(bias)}); its kernel takes "
+                "[batch of at least 1, tokens, 3 * embedding] and [3 * embedding]")
+    return ""
+
+
+def _check_embedding_bag(c):
+    """(weight, indices, offsets, scale_grad_by_freq, mode, sparse,
+    per_sample_weights, include_last_offset, ...): 2-D indices (with offsets)
+    abort; in mode max, no bag at all is a SIGSEGV."""
+    indices, _ = c.input(1)
+    offsets, _ = c.input(2)
+    bags = (offsets[0] if offsets else 0) - (1 if c.flag(7) else 0)
+    if len(indices) != 1 or len(offsets) != 1 or (c.ints(4)[0] == 2 and bags < 1):
+        return (f"arguments 'indices' and 'offsets' of {c.op} are {c.ref(1)} (sizes "
+                f"{_dims_text(indices)}) and {c.ref(2)} (sizes {_dims_text(offsets)}); its kernel "
+                "takes 1-D indices and offsets, and in mode 2 (max) at least one bag")
+    return ""
+
+
+# Note [Kernels that trust their arguments]: each kernel's check.
+_TRUSTING_KERNELS = {
+    "aten::_reshape_alias": _check_reshape_alias,
+    "aten::mkldnn_convolution": _check_mkldnn_convolution,
+    "aten::_mkldnn_transpose": _check_mkldnn_transpose,
+    "aten::_mkldnn_transpose_": _check_mkldnn_transpose,
+    "aten::native_channel_shuffle": _check_channel_shuffle,
+    "aten::unfold_backward": _check_unfold_backward,
+    "aten::_transform_bias_rescale_qkv": _check_rescale_qkv,
+    "aten::embedding_bag": _check_embedding_bag,
+    "aten::_embedding_bag": _check_embedding_bag,
+    "aten::_embedding_bag_forward_only": _check_embedding_bag,
+}
 
 
 def _plain_dims(dims, lowest):

@@ -754,11 +754,12 @@ def test_trusting_kernel_whose_input_has_no_recorded_shape(tmp_path):
         "against it, as its kernel does not")
 
 
-def test_trusting_kernels_on_an_empty_batch(tmp_path):
-    # Found by the structure-aware fuzzer: both die of a batch of 0 (SIGFPE, SIGSEGV).
-    def empty_batch(data):
+def test_trusting_kernels_on_shapes_they_do_not_survive(tmp_path):
+    # Found by the structure-aware fuzzer: a batch of 0 (SIGFPE, SIGSEGV), and
+    # embedding_bag in mode max without a bag (SIGSEGV).
+    def empty_batch(data, node=0):
         doc, tensors = sections(data)
-        doc["nodes"][0]["meta"]["val"]["tensors"][0]["sizes"][0] = 0
+        doc["nodes"][node]["meta"]["val"]["tensors"][0]["sizes"][0] = 0
         return rebuild(doc, tensors)
     call = b'{"name":"call"'
     bad = empty_batch(one_call("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2]))
@@ -766,12 +767,18 @@ def test_trusting_kernels_on_an_empty_batch(tmp_path):
         f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[1]): argument 'groups' of "
         "aten::native_channel_shuffle is 2; its kernel needs %x0 (sizes [0, 4, 2, 2]) to have a "
         "batch and a positive multiple of it as channels")
-    bad = empty_batch(one_call("aten::_transform_bias_rescale_qkv", [(F32, [1, 3, 12]), (F32, [12])],
-                               [X[0], X[1], 2]))
+    bad = empty_batch(one_call("aten::_transform_bias_rescale_qkv",
+                               [(F32, [1, 3, 12]), (F32, [12])], [X[0], X[1], 2]))
     assert error(tmp_path, bad) == (
         f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[2]): arguments 'qkv' and 'qkv_bias' "
         "of aten::_transform_bias_rescale_qkv are %x0 (sizes [0, 3, 12]) and %x1 (sizes [12]); "
         "its kernel takes [batch of at least 1, tokens, 3 * embedding] and [3 * embedding]")
+    bad = empty_batch(one_call("aten::embedding_bag", [(F32, [10, 3]), (I64, [4]), (I64, [1])],
+                               [X[0], X[1], X[2], False, 2]), node=2)
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[3]): arguments 'indices' and "
+        "'offsets' of aten::embedding_bag are %x1 (sizes [4]) and %x2 (sizes [0]); its kernel "
+        "takes 1-D indices and offsets, and in mode 2 (max) at least one bag")
 
 
 def test_operators_on_plain_numbers_are_refused(tmp_path):
