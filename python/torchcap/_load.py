@@ -946,6 +946,14 @@ class _Reader:
                                                 "of results")
                 if target != "output":
                     self.fail(t, label + "target: the output's target is 'output'")
+                # The C++ graph names its output node itself: "output", or the
+                # first of output_1, output_2, ... that is free.
+                expected, k = "output", 0
+                while expected in env:
+                    k += 1
+                    expected = f"output_{k}"
+                if name != expected:
+                    self.fail(t, f"{label}name: duplicate or invalid node name '{name}'")
                 if not all(isinstance(a, torch.fx.Node) for a in args[0]):
                     self.fail(t, label + "the results must be nodes")
                 node = output = graph.output(args[0])

@@ -806,6 +806,17 @@ def test_a_result_of_several_outputs_is_refused_as_the_cpp_loader_does(files, tm
         "nodes or none")
 
 
+def test_an_output_node_named_otherwise_is_refused_as_the_cpp_loader_does(files, tmp_path):
+    # The C++ graph names its output node itself (found by `make fuzz`).
+    doc, data = sections((files / "small.tcg").read_bytes())
+    doc["nodes"][7]["name"] = "outpup"
+    bad = rebuild(doc, data)
+    offset = in_json(bad, b'{"name":"outpup"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %outpup (nodes[7]): name: duplicate or invalid node name "
+        "'outpup'")
+
+
 def test_negative_padding_of_a_pad_is_no_window(tmp_path):
     path = tmp_path / "pad.tcg"
     path.write_bytes(one_call("aten::reflection_pad2d", [(F32, [1, 2, 5, 5])], [X[0], [-1] * 4]))
