@@ -22,9 +22,7 @@
 // node's recorded metadata, unverified, stands for its value, and checking
 // goes on from there.
 //
-// It runs once per file, after lint. Its cost is that of the meta kernels,
-// about half a microsecond for a small operator: 0.1 s for the 200,000-node
-// chain of bench/serialize_bench.cpp (see docs/FORMAT.md for the figures).
+// It runs once per file, after lint; docs/FORMAT.md says what it costs.
 #include "serialize/shapes.h"
 
 #include <torchcap/evaluator.h>
@@ -97,7 +95,8 @@ std::string check_view(const at::Tensor& t) {
     }
   }
   int64_t bytes = 0;
-  if (lowest >= 0 && !__builtin_mul_overflow(highest + 1, static_cast<int64_t>(t.itemsize()), &bytes) &&
+  if (lowest >= 0 &&
+      !__builtin_mul_overflow(highest + 1, static_cast<int64_t>(t.itemsize()), &bytes) &&
       static_cast<uint64_t>(bytes) <= t.storage().nbytes()) {
     return "";
   }
@@ -126,7 +125,7 @@ class ShapeChecker {
 
  private:
   struct Slot {
-    c10::IValue value;  // None: unknown
+    c10::IValue value;   // None: unknown
     uint32_t remaining;  // users still to read it
   };
 
@@ -157,7 +156,8 @@ class ShapeChecker {
     if (n.is_getitem()) {
       const c10::IValue* source = value_of(n.args()[0].to_node());
       const auto index = static_cast<size_t>(n.args()[1].to_int());
-      if (source != nullptr && source->isTuple() && index < source->toTupleRef().elements().size()) {
+      if (source != nullptr && source->isTuple() &&
+          index < source->toTupleRef().elements().size()) {
         return source->toTupleRef().elements()[index];
       }
       if (source != nullptr && source->isTensorList() && index < source->toTensorList().size()) {
@@ -194,7 +194,8 @@ class ShapeChecker {
     }
     if (!known || !strided || (!tensors && !device)) return recorded_value(n);
 
-    std::vector<c10::IValue> stack = make_stack(args, [this](const Node* in) { return *value_of(in); });
+    std::vector<c10::IValue> stack =
+        make_stack(args, [this](const Node* in) { return *value_of(in); });
     // Factories make meta tensors: a given device, or the default one when
     // none is given, becomes the meta device.
     for (size_t i = 0; i < params.size(); ++i) {
@@ -232,10 +233,11 @@ class ShapeChecker {
         if (computed.known() && !same_shapes(recorded, computed)) {
           // Shown on the recorded devices, not the meta device.
           for (size_t i = 0; i < computed.tensors.size(); ++i) {
-            computed.tensors[i].device = i < recorded.tensors.size() ? recorded.tensors[i].device
-                                                                     : c10::Device(c10::kCPU);
+            computed.tensors[i].device =
+                i < recorded.tensors.size() ? recorded.tensors[i].device : c10::Device(c10::kCPU);
           }
-          problem = n.target() + " gives " + computed.str() + " on the recorded shapes, but the file records " + recorded.str();
+          problem = n.target() + " gives " + computed.str() +
+                    " on the recorded shapes, but the file records " + recorded.str();
           return c10::IValue();
         }
       }
@@ -253,7 +255,8 @@ class ShapeChecker {
   // interpreter and the Python module copy them there.
   std::optional<ShapeProblem> check_writes(const Node& output) const {
     const ArgumentList& results = output.args()[0].to_list();
-    for (size_t i = gm_.num_user_outputs(); i < gm_.output_specs.size() && i < results.size(); ++i) {
+    for (size_t i = gm_.num_user_outputs(); i < gm_.output_specs.size() && i < results.size();
+         ++i) {
       const OutputSpec& spec = gm_.output_specs[i];
       const c10::IValue* value = results[i].is_node() ? value_of(results[i].to_node()) : nullptr;
       if (value == nullptr || !value->isTensor()) continue;
@@ -271,12 +274,11 @@ class ShapeChecker {
       TensorMeta written = TensorMeta::of(value->toTensor());
       if (!target || (written.dtype == target->dtype && written.sizes == target->sizes)) continue;
       written.device = target->device;
-      return ShapeProblem{&output, "output " + std::to_string(i) + " writes %" +
-                                       results[i].to_node()->name() + " (" + written.str() +
-                                       " on the recorded shapes) into " +
-                                       (spec.kind == OutputKind::BufferMutation ? "buffer '"
-                                                                                : "input '") +
-                                       spec.target + "' (" + target->str() + ")"};
+      return ShapeProblem{
+          &output, "output " + std::to_string(i) + " writes %" + results[i].to_node()->name() +
+                       " (" + written.str() + " on the recorded shapes) into " +
+                       (spec.kind == OutputKind::BufferMutation ? "buffer '" : "input '") +
+                       spec.target + "' (" + target->str() + ")"};
     }
     return std::nullopt;
   }
@@ -313,7 +315,7 @@ bool python_is_running() {
 
 std::optional<ShapeProblem> check_shapes(const GraphModule& gm) {
   if (python_is_running()) return std::nullopt;  // Note [No shape check under Python]
-  ensure_meta_kernels();  // Note [Meta kernels LibTorch 1.13 lacks]
+  ensure_meta_kernels();                         // Note [Meta kernels LibTorch 1.13 lacks]
   // Meta kernels only: no autograd, and an active trace records nothing.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   PauseTracing not_recorded;
