@@ -7,8 +7,10 @@ loader; this gives its corpus (inputs that reach every check) to the Python
 loader too. It fails if the Python loader raises anything but ValueError, or
 if the two disagree on whether a file loads, except where they differ by design
 (docs/FORMAT.md): Python cannot hold some attribute names C++ can, and leaves
-most schema checks to run time. Both run with checksums off: the fuzzer's
-files fail them all, and the checks behind them are what is compared.
+most schema checks and the shape check to run time. Both refuse the arguments
+kernels would not survive (Note [Integers kernels divide by]). Both run with
+checksums off: the fuzzer's files fail them all, and the checks behind them are
+what is compared.
 """
 
 import collections
@@ -21,10 +23,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 import torchcap  # noqa: E402
 
 PYTHON_ONLY = ("Python cannot hold this attribute",)
-# Schema checks only the C++ loader makes; in Python such a call fails when run.
+# Schema and shape checks only the C++ loader makes (Note [Checking a file's
+# shapes] in src/serialize/shapes.cpp); in Python such a call fails when run.
 CPP_ONLY = re.compile(r"expects .*, got |takes at most \d+ positional|is missing required "
                       r"argument|both positionally and by keyword|getitem index .* is out of "
-                      r"range|getitem reads %")
+                      r"range|getitem reads %|fails on the recorded shapes: | on the recorded "
+                      r"shapes, but the file records |bytes of memory it views|gives a result "
+                      r"that is not a strided tensor|on the recorded shapes\) into ")
 
 
 def main(load_files, corpus):

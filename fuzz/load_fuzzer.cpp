@@ -1,21 +1,22 @@
 // libFuzzer target over the loader (`make fuzz`).
 //
-// The property: any bytes either load or throw FormatError, without a crash,
-// a sanitizer report, a hang or an unbounded allocation; and whatever loads
-// can be saved again and reloads to a module that prints the same. Any other
-// exception escapes and aborts, so libFuzzer reports it.
+// The property is fuzz::check_input's (harness.h): any bytes either load or
+// throw FormatError, without a crash, a sanitizer report, a hang or an
+// unbounded allocation; whatever loads can be saved again and reloads to a
+// module that prints the same; and it runs on inputs of its recorded shapes
+// or fails with one of torchcap's errors. Anything else aborts, so libFuzzer
+// reports it.
 //
-// Most of a .tcg file is JSON whose length the header records, so plain byte
-// mutations that insert or erase bytes would almost always stop at the
-// file-size check. The custom mutator below therefore mutates one section at
-// a time and rewrites the header to fit, most of the time; the rest of the
-// time it mutates the raw bytes, so the header checks are fuzzed as well.
-//
-// Mutated files fail their checksums (FORMAT.md, version 1.1) at once, so each
-// input is loaded twice: as users load it, which reaches the checksum checks,
-// and with the checksums off, which reaches everything behind them.
-#include <torchcap/error.h>
-#include <torchcap/serialize.h>
+// Three kinds of mutation. Most of a .tcg file is JSON whose length the
+// header records, so plain byte mutations that insert or erase bytes would
+// almost always stop at the file-size check; the custom mutator therefore
+// (1) mostly changes the graph itself and recomputes every checksum (Note
+// [Mutating a file's graph]: the hostile files a checksum cannot tell from
+// good ones), (2) else mutates one section's bytes with libFuzzer's own
+// mutations and rewrites the header to fit (damage, which fails the
+// checksums: check_input also loads each input with them off), and (3) now
+// and then mutates the raw bytes, so the header checks are fuzzed as well.
+#include "harness.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -65,17 +66,29 @@ void mutate(std::string& s, size_t room) {
   s.resize(n);
 }
 
-[[noreturn]] void die(const char* what, const std::string& detail) {
-  std::fprintf(stderr, "load_fuzzer: %s\n%s\n", what, detail.c_str());
-  std::abort();
+bool fits(const std::string& out, uint8_t* data, size_t max_size) {
+  if (out.size() > max_size) return false;
+  std::memcpy(data, out.data(), out.size());
+  return true;
 }
 
 }  // namespace
 
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  torchcap::fuzz::skip_libtorch_backtraces();
+  return 0;
+}
+
 extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max_size,
                                           unsigned int seed) {
-  std::minstd_rand rng(seed);
+  std::mt19937_64 rng(seed);
   if (size >= 72 && std::memcmp(data, kMagic, 8) == 0 && rng() % 8 != 0) {
+    if (rng() % 3 != 0) {
+      std::string file(reinterpret_cast<const char*>(data), size);
+      if (torchcap::fuzz::mutate_structure(file, rng) && fits(file, data, max_size)) {
+        return file.size();
+      }
+    }
     uint64_t json_at = get(data, 24, 8), json_size = get(data, 32, 8);
     uint64_t data_at = get(data, 40, 8), data_size = get(data, 48, 8);
     if (json_at <= size && json_size <= size - json_at && data_at <= size &&
@@ -88,10 +101,7 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
         mutate(bytes, 64);
       }
       std::string out = pack(data, json, bytes);
-      if (out.size() <= max_size) {
-        std::memcpy(data, out.data(), out.size());
-        return out.size();
-      }
+      if (fits(out, data, max_size)) return out.size();
     }
   }
   return LLVMFuzzerMutate(data, size, max_size);
@@ -99,29 +109,10 @@ extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size, size_t max
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    torchcap::load_from_buffer(data, size, "fuzz");
-  } catch (const torchcap::FormatError&) {
-  }
-  torchcap::GraphModule gm;
-  torchcap::LoadOptions unchecked;
-  unchecked.verify_checksums = false;
-  try {
-    gm = torchcap::load_from_buffer(data, size, "fuzz", unchecked);
-  } catch (const torchcap::FormatError&) {
-    return 0;
-  }
-  const std::string printed = gm.str();
-  std::string again;
-  try {
-    again = torchcap::save_to_string(gm);
-  } catch (const torchcap::FormatError& e) {
-    die("a module the loader accepted cannot be saved", e.what());
-  }
-  try {
-    torchcap::GraphModule reloaded = torchcap::load_from_buffer(again.data(), again.size());
-    if (reloaded.str() != printed) die("the module prints differently after a round trip", printed);
-  } catch (const torchcap::FormatError& e) {
-    die("a saved module does not load", e.what());
+    torchcap::fuzz::check_input(data, size, /*run=*/true);
+  } catch (const torchcap::fuzz::Finding& f) {
+    std::fprintf(stderr, "load_fuzzer: %s\n", f.what());
+    std::abort();
   }
   return 0;
 }

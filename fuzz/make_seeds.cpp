@@ -1,10 +1,10 @@
-// Writes the fuzzer's seed corpus: valid .tcg files of the test modules.
-// Generated at build time so the repository carries no binary files.
+// Writes the fuzzer's seed corpus (fuzz::seed_files: valid .tcg files of the
+// test modules, the example zoo, a training step and the operators the
+// argument rule is about). Generated at build time so the repository carries
+// no binary files.
 //
 //   make_fuzz_seeds CORPUS_DIR
-#include <torchcap/serialize.h>
-
-#include "serialize_fixtures.h"
+#include "harness.h"
 
 #include <fstream>
 #include <iostream>
@@ -14,21 +14,11 @@ int main(int argc, char** argv) {
     std::cerr << "usage: make_fuzz_seeds CORPUS_DIR\n";
     return 2;
   }
-  namespace t = torchcap::testing;
-  const std::pair<const char*, torchcap::GraphModule> seeds[] = {
-      {"small", t::small_module()},
-      {"arguments", t::every_argument_module()},
-      {"nested", t::nested_spec_module()},
-      {"attributes", t::attribute_zoo_module()},
-      {"signature", t::signature_module()},
-      {"weightless", t::weightless_module()},
-  };
-  for (const auto& [name, gm] : seeds) {
-    std::string bytes = torchcap::save_to_string(gm);
-    std::ofstream out(std::string(argv[1]) + "/seed_" + name + ".tcg", std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  for (const torchcap::fuzz::Seed& seed : torchcap::fuzz::seed_files()) {
+    std::ofstream out(std::string(argv[1]) + "/seed_" + seed.name + ".tcg", std::ios::binary);
+    out.write(seed.bytes.data(), static_cast<std::streamsize>(seed.bytes.size()));
     if (!out) {
-      std::cerr << "cannot write seed " << name << "\n";
+      std::cerr << "cannot write seed " << seed.name << "\n";
       return 1;
     }
   }

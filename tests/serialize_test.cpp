@@ -9,6 +9,7 @@
 #include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
 
+#include "graph/schema_check.h"
 #include "sample_graphs.h"
 #include "serialize/reader.h"
 #include "serialize_fixtures.h"
@@ -1489,6 +1490,327 @@ TEST(Load, NodesUnderAnEscapedKeyStillLoad) {
   f.json.replace(at, 8, "\"nod\\u0065s\":");
   std::string b = f.bytes();
   expect_same_module(gm, load_from_buffer(b.data(), b.size(), "f.tcg"));
+}
+
+// Arguments kernels trust, and shapes (issue 42) ----------------------------------
+//
+// Files made valid, then given an argument a kernel would crash on (or shapes
+// that contradict each other), with every checksum recomputed: hostile files,
+// not damaged ones. Note [Integers kernels divide by], Note [Kernels that
+// trust their arguments] (src/graph/schema_check.cpp), Note [Checking a file's
+// shapes] (src/serialize/shapes.cpp).
+
+TensorMeta shape(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
+  TensorMeta m{dtype, {}, {}, c10::Device(c10::kCPU)};
+  m.sizes.assign(sizes.begin(), sizes.end());
+  int64_t stride = 1;
+  m.strides.resize(sizes.size());
+  for (size_t d = sizes.size(); d-- > 0;) {
+    m.strides[d] = stride;
+    stride *= std::max<int64_t>(sizes[d], 1);
+  }
+  return m;
+}
+
+// A module that calls `target` once, named %call, on placeholders %x0, %x1,
+// ... of the given recorded shapes (nodes[0] ...; %call is nodes[inputs]),
+// and returns its (first) tensor.
+GraphModule one_call(const std::string& target, const std::vector<TensorMeta>& inputs,
+                     const std::function<ArgumentList(const std::vector<Node*>&)>& args) {
+  GraphModule gm;
+  Graph& g = gm.graph();
+  std::vector<Node*> in;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    in.push_back(g.placeholder("x" + std::to_string(i)));
+    in.back()->meta().val = ValueMeta::tensor(inputs[i]);
+  }
+  Node* call = g.call_function(target, args(in), {}, "call");
+  g.output({detail::produces(*call) == detail::Produces::Tensor ? call : g.getitem(call, 0, "first")});
+  gm.set_flat_specs();
+  return gm;
+}
+
+std::vector<at::Tensor> random_inputs(const GraphModule& gm) {
+  std::vector<at::Tensor> out;
+  for (const Node* n : gm.graph().placeholders()) {
+    const TensorMeta& m = n->meta().val.tensors[0];
+    out.push_back(at::randn(c10::IntArrayRef(m.sizes)).to(m.dtype));
+  }
+  return out;
+}
+
+TEST(LoadRejects, ConvolutionBackwardWithGroupsZeroByName) {
+  // What a trace of a convolution's backward records: valid, it loads and runs.
+  GraphModule gm = one_call("aten::convolution_backward",
+                            {shape({2, 6, 6, 6}), shape({2, 3, 8, 8}), shape({6, 3, 3, 3})},
+                            [](const std::vector<Node*>& x) {
+                              return ArgumentList{x[0], x[1], x[2], ArgumentList{6}, ArgumentList{1, 1},
+                                                  ArgumentList{0, 0}, ArgumentList{1, 1}, false,
+                                                  ArgumentList{0, 0}, 1,
+                                                  ArgumentList{true, true, true}};
+                            });
+  const std::string good = save_to_string(gm);
+  GraphModule loaded = load_from_buffer(good.data(), good.size());
+  EXPECT_EQ(Interpreter(loaded).run_flat(random_inputs(loaded))[0].sizes(), at::IntArrayRef({2, 3, 8, 8}));
+
+  // groups=0, checksums valid: the kernel divides by it (SIGFPE).
+  std::string b = with_json(good, [](Json& d) { d["nodes"][3]["args"][9] = 0; });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %call (nodes[3]): argument 'groups' of "
+                               "aten::convolution_backward is 0; it must be between 1 and "
+                               "2147483647");
+  // Saving a graph the loader would refuse is refused too (lint).
+  loaded.graph().find("call")->set_arg(9, Argument(0));
+  try {
+    save_to_string(loaded);
+    ADD_FAILURE() << "saved";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "save: the module does not pass lint: lint: node %call: argument 'groups' of "
+              "aten::convolution_backward is 0; it must be between 1 and 2147483647");
+  }
+}
+
+// Each: a valid call, the argument changed, the loader's message for it.
+struct HostileArgument {
+  const char* what;
+  const char* target;
+  std::vector<TensorMeta> inputs;
+  std::function<ArgumentList(const std::vector<Node*>&)> args;
+  size_t index;  // of the argument changed
+  Json value;
+  const char* message;  // after "node %call (nodes[N]): "
+};
+
+class HostileArguments : public ::testing::TestWithParam<HostileArgument> {};
+
+TEST_P(HostileArguments, AreRefusedNamingTheNodeAndTheArgument) {
+  const HostileArgument& c = GetParam();
+  const std::string good = save_to_string(one_call(c.target, c.inputs, c.args));
+  ASSERT_EQ(load_error(good), "") << "the valid call loads";
+  const size_t call = c.inputs.size();
+  std::string b = with_json(good, [&](Json& d) { d["nodes"][call]["args"][c.index] = c.value; });
+  EXPECT_EQ(load_error(b), at_node(b, call) + "node %call (nodes[" + std::to_string(call) +
+                               "]): " + c.message);
+}
+
+const HostileArgument kHostileArguments[] = {
+    {"convolution_groups_that_overflow", "aten::convolution",
+     {shape({2, 3, 8, 8}), shape({6, 3, 3, 3})},
+     [](const std::vector<Node*>& x) {
+       return ArgumentList{x[0], x[1], Argument(), ArgumentList{1, 1}, ArgumentList{0, 0},
+                           ArgumentList{1, 1}, false, ArgumentList{0, 0}, 1};
+     },
+     8, int64_t{1} << 62,
+     "argument 'groups' of aten::convolution is 4611686018427387904; it must be between 1 and "
+     "2147483647"},
+    {"pixel_shuffle_factor_whose_square_overflows", "aten::pixel_shuffle", {shape({1, 4, 2, 2})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; }, 1, int64_t{1} << 32,
+     "argument 'upscale_factor' of aten::pixel_shuffle is 4294967296; it must be between 1 and "
+     "2147483647"},
+    {"native_channel_shuffle_groups_zero", "aten::native_channel_shuffle", {shape({1, 4, 2, 2})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; }, 1, 0,
+     "argument 'groups' of aten::native_channel_shuffle is 0; it must be between 1 and "
+     "2147483647"},
+    {"unfold_backward_step_zero", "aten::unfold_backward", {shape({2, 3, 8, 4, 2})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], ArgumentList{2, 3, 8, 8}, 3, 2, 2}; },
+     4, 0, "argument 'step' of aten::unfold_backward is 0; it must be between 1 and 2147483647"},
+    {"max_pool2d_stride_zero", "aten::max_pool2d", {shape({1, 3, 8, 8})},
+     [](const std::vector<Node*>& x) {
+       return ArgumentList{x[0], ArgumentList{2, 2}, ArgumentList{2, 2}};
+     },
+     2, Json::array({0, 0}),
+     "argument 'stride' of aten::max_pool2d is [0, 0]; each value must be between 1 and "
+     "2147483647"},
+    {"max_pool2d_kernel_of_three_dimensions", "aten::max_pool2d", {shape({1, 3, 8, 8})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], ArgumentList{2, 2}}; }, 1,
+     Json::array({2, 2, 2}),
+     "argument 'kernel_size' of aten::max_pool2d has 3 values; aten::max_pool2d takes 1 or 2"},
+    {"slow_conv2d_without_a_kernel_size", "aten::_slow_conv2d_forward",
+     {shape({1, 3, 8, 8}), shape({6, 3, 3, 3})},
+     [](const std::vector<Node*>& x) {
+       return ArgumentList{x[0], x[1], ArgumentList{3, 3}, Argument(), ArgumentList{1, 1},
+                           ArgumentList{0, 0}};
+     },
+     2, Json::array(),
+     "argument 'kernel_size' of aten::_slow_conv2d_forward has 0 values; "
+     "aten::_slow_conv2d_forward takes exactly 2"},
+    {"embedding_bag_mode_seven", "aten::embedding_bag",
+     {shape({10, 3}), shape({2}, c10::kLong), shape({1}, c10::kLong)},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], x[1], x[2], false, 0}; }, 4, 7,
+     "argument 'mode' of aten::embedding_bag is 7; it must be 0 (sum), 1 (mean) or 2 (max)"},
+    {"reshape_alias_past_its_input", "aten::_reshape_alias", {shape({2, 3})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], ArgumentList{6}, ArgumentList{1}}; },
+     1, Json::array({int64_t{1} << 40}),
+     "aten::_reshape_alias views %x0 (sizes [2, 3], strides [3, 1]) with sizes [1099511627776] "
+     "and strides [1], which reach past its elements"},
+    {"mkldnn_convolution_window_shorter_than_its_weight", "aten::mkldnn_convolution",
+     {shape({1, 3, 8, 8}), shape({6, 3, 3, 3})},
+     [](const std::vector<Node*>& x) {
+       return ArgumentList{x[0], x[1], Argument(), ArgumentList{0, 0}, ArgumentList{1, 1},
+                           ArgumentList{1, 1}, 1};
+     },
+     4, Json::array({1}),
+     "argument 'stride' of aten::mkldnn_convolution has 1 value; its weight %x1 (sizes [6, 3, 3, "
+     "3]) has 2 spatial dimensions"},
+    // Found by the structure-aware fuzzer (fuzz/harness.h): each killed the
+    // process although every integer was within the factors' range.
+    {"native_channel_shuffle_groups_beyond_the_channels", "aten::native_channel_shuffle",
+     {shape({1, 4, 2, 2})}, [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; }, 1,
+     16384,
+     "argument 'groups' of aten::native_channel_shuffle is 16384; its kernel needs %x0 (sizes [1, "
+     "4, 2, 2]) to have a batch and a positive multiple of it as channels"},
+    {"unfold_backward_of_another_unfold", "aten::unfold_backward", {shape({2, 3, 8, 4, 2})},
+     [](const std::vector<Node*>& x) { return ArgumentList{x[0], ArgumentList{2, 3, 8, 8}, 3, 2, 2}; },
+     4, int64_t{1} << 20,
+     "argument 'grad_in' of aten::unfold_backward is %x0 (sizes [2, 3, 8, 4, 2]), which is not the "
+     "gradient of unfold(dimension 3, size 2, step 1048576) of sizes [2, 3, 8, 8]; its kernel "
+     "writes where that unfold would have read"},
+    {"convolution_without_a_stride", "aten::convolution", {shape({2, 3, 8, 8}), shape({6, 3, 3, 3})},
+     [](const std::vector<Node*>& x) {
+       return ArgumentList{x[0], x[1], Argument(), ArgumentList{1, 1}, ArgumentList{0, 0},
+                           ArgumentList{1, 1}, false, ArgumentList{0, 0}, 1};
+     },
+     3, Json::array(),
+     "argument 'stride' of aten::convolution has 0 values; aten::convolution takes at least 1"},
+};
+
+INSTANTIATE_TEST_SUITE_P(IssueFortyTwo, HostileArguments, ::testing::ValuesIn(kHostileArguments),
+                         [](const ::testing::TestParamInfo<HostileArgument>& info) {
+                           return std::string(info.param.what);
+                         });
+
+TEST(LoadRejects, TrustingKernelWhoseInputHasNoRecordedShape) {
+  GraphModule gm = one_call("aten::_reshape_alias", {shape({2, 3})}, [](const std::vector<Node*>& x) {
+    return ArgumentList{x[0], ArgumentList{3, 2}, ArgumentList{2, 1}};
+  });
+  std::string b = with_json(save_to_string(gm), [](Json& d) { d["nodes"][0].erase("meta"); });
+  EXPECT_EQ(load_error(b), at_node(b, 1) +
+                               "node %call (nodes[1]): argument 'self' of aten::_reshape_alias is "
+                               "%x0, whose shape the file does not record; the loader checks this "
+                               "operator's arguments against it, as its kernel does not");
+}
+
+TEST(LoadRejects, TrustingKernelsOnShapesTheyDoNotSurvive) {
+  // Found by the structure-aware fuzzer: a batch of 0 (SIGFPE, SIGSEGV), and
+  // embedding_bag in mode max without a bag (SIGSEGV).
+  GraphModule shuffle = one_call("aten::native_channel_shuffle", {shape({1, 4, 2, 2})},
+                                 [](const std::vector<Node*>& x) { return ArgumentList{x[0], 2}; });
+  GraphModule rescale = one_call("aten::_transform_bias_rescale_qkv", {shape({1, 3, 12}), shape({12})},
+                                 [](const std::vector<Node*>& x) { return ArgumentList{x[0], x[1], 2}; });
+  auto empty_batch = [](const GraphModule& gm) {
+    return with_json(save_to_string(gm), [](Json& d) {
+      d["nodes"][0]["meta"]["val"]["tensors"][0]["sizes"][0] = 0;
+    });
+  };
+  std::string b = empty_batch(shuffle);
+  EXPECT_EQ(load_error(b), at_node(b, 1) +
+                               "node %call (nodes[1]): argument 'groups' of "
+                               "aten::native_channel_shuffle is 2; its kernel needs %x0 (sizes [0, "
+                               "4, 2, 2]) to have a batch and a positive multiple of it as channels");
+  b = empty_batch(rescale);
+  EXPECT_EQ(load_error(b), at_node(b, 2) +
+                               "node %call (nodes[2]): arguments 'qkv' and 'qkv_bias' of "
+                               "aten::_transform_bias_rescale_qkv are %x0 (sizes [0, 3, 12]) and %x1 "
+                               "(sizes [12]); its kernel takes [batch of at least 1, tokens, 3 * "
+                               "embedding] and [3 * embedding]");
+  GraphModule bag = one_call("aten::embedding_bag",
+                             {shape({10, 3}), shape({4}, c10::kLong), shape({1}, c10::kLong)},
+                             [](const std::vector<Node*>& x) {
+                               return ArgumentList{x[0], x[1], x[2], false, 2};
+                             });
+  b = with_json(save_to_string(bag), [](Json& d) {
+    d["nodes"][2]["meta"]["val"]["tensors"][0]["sizes"][0] = 0;
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 3) +
+                               "node %call (nodes[3]): arguments 'indices' and 'offsets' of "
+                               "aten::embedding_bag are %x1 (sizes [4]) and %x2 (sizes [0]); its "
+                               "kernel takes 1-D indices and offsets, and in mode 2 (max) at least "
+                               "one bag");
+}
+
+TEST(Load, NegativePaddingOfAPadIsNoWindow) {
+  // reflection_pad2d crops with negative padding; the window rule is for
+  // convolutions and pools.
+  GraphModule gm = one_call("aten::reflection_pad2d", {shape({1, 2, 5, 5})},
+                            [](const std::vector<Node*>& x) {
+                              return ArgumentList{x[0], ArgumentList{-1, -1, -1, -1}};
+                            });
+  GraphModule loaded = round_trip(gm);
+  EXPECT_EQ(Interpreter(loaded).run_flat(random_inputs(loaded))[0].sizes(), at::IntArrayRef({1, 2, 3, 3}));
+}
+
+// The shapes a file records must be those its kernels compute.
+GraphModule recorded_mm() {
+  GraphModule gm = one_call("aten::mm", {shape({2, 3}), shape({3, 4})},
+                            [](const std::vector<Node*>& x) { return ArgumentList{x[0], x[1]}; });
+  gm.graph().find("call")->meta().val = ValueMeta::tensor(shape({2, 4}));
+  return gm;
+}
+
+TEST(LoadRejects, InputShapesAKernelRefuses) {
+  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+    d["nodes"][1]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({5, 4});
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 2) +
+                               "node %call (nodes[2]): aten::mm fails on the recorded shapes: "
+                               "mat1 and mat2 shapes cannot be multiplied (2x3 and 5x4)");
+}
+
+TEST(LoadRejects, RecordedShapeThatIsNotTheKernels) {
+  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+    d["nodes"][2]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({2, 5});
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 2) +
+                               "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
+                               "shapes, but the file records f32[2, 5]");
+}
+
+TEST(LoadRejects, RecordedDtypeThatIsNotTheKernels) {
+  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+    d["nodes"][2]["meta"]["val"]["tensors"][0]["dtype"] = "float64";
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 2) +
+                               "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
+                               "shapes, but the file records f64[2, 4]");
+}
+
+TEST(LoadRejects, WriteOfAnotherShapeIntoABuffer) {
+  // An exported program: y = x * mean, mean <- mean + x, and the sum of x.
+  GraphModule gm;
+  Graph& g = gm.graph();
+  Node* x = g.placeholder("x");
+  x->meta().val = ValueMeta::tensor(shape({3}));
+  Node* mean = g.get_attr("stats.mean");
+  Node* y = g.call_function("aten::mul.Tensor", {x, mean}, {}, "y");
+  Node* updated = g.call_function("aten::add.Tensor", {mean, x}, {}, "updated");
+  Node* total = g.call_function("aten::sum", {x}, {}, "total");
+  g.output({y, total, updated});
+  gm.in_spec = TreeSpec::tuple({TreeSpec::leaf()});
+  gm.out_spec = TreeSpec::tuple({TreeSpec::leaf(), TreeSpec::leaf()});
+  gm.output_specs = {OutputSpec{OutputKind::User, ""}, OutputSpec{OutputKind::User, ""},
+                     OutputSpec{OutputKind::BufferMutation, "stats.mean"}};
+  gm.set_attribute("stats.mean", at::arange(3, at::kFloat), AttributeKind::Buffer);
+  const std::string good = save_to_string(gm);
+  ASSERT_EQ(load_error(good), "");
+  // The write takes the sum: the interpreter's copy into the buffer failed
+  // with LibTorch's own message (found by the structure-aware fuzzer).
+  std::string b = with_json(good, [](Json& d) {
+    std::swap(d["nodes"][5]["args"][0][1], d["nodes"][5]["args"][0][2]);
+  });
+  EXPECT_EQ(load_error(b), at_node(b, 5) +
+                               "node %output (nodes[5]): output 2 writes %total (f32[] on the "
+                               "recorded shapes) into buffer 'stats.mean' (f32[3])");
+}
+
+TEST(Load, ANodeThatRecordsNothingIsNotHeldToItsKernel) {
+  // every_argument_module's clone to channels_last of a 2-D tensor fails when
+  // run; the file records nothing for it, so it does not contradict itself.
+  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+    d["nodes"][1]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({5, 4});
+    d["nodes"][2].erase("meta");
+  });
+  EXPECT_EQ(load_error(b), "");
 }
 
 // Weightless tensors (version 1.3) ----------------------------------------------

@@ -21,6 +21,7 @@
 #include "serialize/json_cursor.h"
 #include "serialize/json_scan.h"
 #include "serialize/reader.h"
+#include "serialize/shapes.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_strided.h>
@@ -450,6 +451,7 @@ class Reader {
 
   // The one-pass reading alone, for the Python loader (serialize/reader.h).
   std::optional<detail::OnePassRead> read_in_one_pass_only() {
+    check_shapes_ = false;  // the Python loader does not check them
     try {
       read_header();
     } catch (const FormatError&) {
@@ -531,6 +533,8 @@ class Reader {
     tensors_.clear();
     tensor_names_.clear();
     attributes_.clear();
+    attributes_read_ = false;
+    attribute_metas_.clear();
     module_stacks_.clear();
     nodes_apart_ = false;
     stack_traces_.clear();
@@ -573,6 +577,20 @@ class Reader {
       gm.lint();
     } catch (const LintError& e) {
       fail_at(file_, top_entry("nodes").offset, e.what());
+    }
+    // Note [Checking a file's shapes] (shapes.cpp)
+    std::optional<detail::ShapeProblem> problem;
+    if (check_shapes_) problem = detail::check_shapes(gm);
+    if (problem) {
+      size_t index = 0;
+      for (const Node* n : gm.graph()) {
+        if (n == problem->node) break;
+        ++index;
+      }
+      Entry e = table_entry("nodes", index);
+      e.noun = "node";
+      e.name = &problem->node->name();
+      e.fail("", problem->what);
     }
   }
 
@@ -1248,6 +1266,7 @@ class Reader {
       }
       attributes_.push_back(PendingAttribute{name, k, index});
     }
+    attributes_read_ = true;
   }
 
   // --- Nodes -----------------------------------------------------------------
@@ -1453,16 +1472,49 @@ class Reader {
   }
 
   // Checks a made node's arguments against its schema, as lint would at the
-  // end, so that the message points at the node.
+  // end, so that the message points at the node; then what only the
+  // loader checks (Note [Kernels that trust their arguments]).
   template <typename Fail>
-  static void check_arguments(const Node* n, Fail&& fail) {
+  void check_arguments(const Node* n, Fail&& fail) {
     std::string problem;
     if (n->is_operator()) {
       problem = detail::check_schema_arguments(*n, n->schema());
+      if (problem.empty()) {
+        problem = detail::check_trusting_kernels(
+            *n, [this](const Node& in) { return recorded_meta(in); });
+      }
     } else if (n->is_getitem()) {
       problem = detail::check_getitem(*n);
     }
     if (!problem.empty()) fail(nullptr, problem);
+  }
+
+  // The recorded metadata of a node's tensor value, or nullptr: an
+  // attribute's own, a node's `meta.val`, or a getitem's element of its
+  // source's. The one-pass reader reads attributes after the nodes, and gives
+  // up if it needs one before.
+  const TensorMeta* recorded_meta(const Node& n) {
+    if (n.op() == OpCode::GetAttr) {
+      if (!attributes_read_) give_up();
+      auto it = attribute_metas_.find(n.target());
+      if (it != attribute_metas_.end()) return &it->second;
+      for (const PendingAttribute& a : attributes_) {
+        if (a.name != n.target() || a.tensor < 0) continue;
+        return &attribute_metas_.emplace(a.name, TensorMeta::of(tensors_[a.tensor])).first->second;
+      }
+      return nullptr;
+    }
+    const ValueMeta& v = n.meta().val;
+    if (v.kind == ValueKind::Tensor && v.tensors.size() == 1) return &v.tensors[0];
+    if (n.is_getitem()) {
+      const ValueMeta& source = n.args()[0].to_node()->meta().val;
+      const int64_t i = n.args()[1].to_int();
+      if ((source.kind == ValueKind::Tuple || source.kind == ValueKind::List) && i >= 0 &&
+          static_cast<size_t>(i) < source.tensors.size()) {
+        return &source.tensors[static_cast<size_t>(i)];
+      }
+    }
+    return nullptr;
   }
 
   // One node: reads its fields and makes it, checked as it is made.
@@ -1620,8 +1672,12 @@ class Reader {
   std::vector<at::Tensor> tensors_;
   std::vector<std::string> tensor_names_;
   std::vector<PendingAttribute> attributes_;
+  bool attributes_read_ = false;  // attributes_ holds the file's
+  // TensorMeta::of the attributes recorded_meta looked up, by name.
+  std::unordered_map<std::string, TensorMeta> attribute_metas_;
   std::vector<ModuleStack> module_stacks_;
   std::unordered_map<std::string, c10::OperatorHandle> operators_;
+  bool check_shapes_ = true;  // Note [Checking a file's shapes]
   bool nodes_apart_ = false;  // Note [Reading the nodes one at a time]
   // Note [Reading the usual file in one pass]: stack traces by their text,
   // and strings being read.

@@ -612,6 +612,218 @@ def test_version_11_files_still_load(files, tmp_path):
         f"a file of version 1.1 (version 1.2 added it)")
 
 
+# --- Arguments kernels trust (issue 42) ---------------------------------------------
+
+def tensor_meta(dtype, sizes):
+    strides, stride = [], 1
+    for size in reversed(sizes):
+        strides.insert(0, stride)
+        stride *= max(size, 1)
+    return {"dtype": dtype, "sizes": sizes, "strides": strides, "device": "cpu"}
+
+
+def one_call(target, inputs, args):
+    """A version 1.2 file calling `target` once, as %call, on placeholders %x0,
+    %x1, ... of the given (dtype, sizes), each recorded; returns its first
+    tensor. `args` name the placeholders by index as ("x", i). The shape of the
+    C++ tests' one_call (tests/serialize_test.cpp)."""
+    def arg(a):
+        if isinstance(a, tuple):
+            return {"node": f"x{a[1]}"}
+        return [arg(e) for e in a] if isinstance(a, list) else a
+    nodes = [{"name": f"x{i}", "op": "placeholder", "target": f"x{i}",
+              "meta": {"val": {"kind": "tensor", "tensors": [tensor_meta(*m)]}}}
+             for i, m in enumerate(inputs)]
+    nodes.append({"name": "call", "op": "call_function", "target": target,
+                  "args": [arg(a) for a in args]})
+    result = "call"
+    ns, name = target.split("::")
+    returns = getattr(getattr(torch.ops, ns), name.split(".")[0])
+    returns = getattr(returns, name.split(".")[1] if "." in name else "default")._schema.returns
+    if len(returns) > 1 or str(returns[0].type).startswith("List"):
+        nodes.append({"name": "first", "op": "call_function", "target": "getitem",
+                      "args": [{"node": "call"}, 0]})
+        result = "first"
+    nodes.append({"name": "output", "op": "output", "target": "output",
+                  "args": [[{"node": result}]]})
+    return rebuild({"nodes": nodes, "attributes": [], "tensors": [],
+                    "in_spec": {"kind": "tuple", "children": [{"kind": "leaf"}] * len(inputs)},
+                    "out_spec": {"kind": "leaf"}}, b"")
+
+
+def with_argument(data, index, value):
+    doc, tensors = sections(data)
+    call = next(n for n in doc["nodes"] if n["name"] == "call")
+    call["args"][index] = value
+    return rebuild(doc, tensors)
+
+
+def random_inputs(gm):
+    return [torch.randn(n.meta["tensor_meta"].shape).to(n.meta["tensor_meta"].dtype)
+            for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+F32, I64 = "float32", "int64"
+X = ("x", 0), ("x", 1), ("x", 2)
+
+# Each: (target, placeholders, a valid call's arguments, the argument changed,
+# its new value, the message), as in the C++ loader's tests.
+HOSTILE_ARGUMENTS = [
+    ("aten::convolution_backward", [(F32, [2, 6, 6, 6]), (F32, [2, 3, 8, 8]), (F32, [6, 3, 3, 3])],
+     [X[0], X[1], X[2], [6], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True]], 9, 0,
+     "argument 'groups' of aten::convolution_backward is 0; it must be between 1 and 2147483647"),
+    ("aten::convolution", [(F32, [2, 3, 8, 8]), (F32, [6, 3, 3, 3])],
+     [X[0], X[1], None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1], 8, 1 << 62,
+     "argument 'groups' of aten::convolution is 4611686018427387904; it must be between 1 and "
+     "2147483647"),
+    ("aten::pixel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2], 1, 1 << 32,
+     "argument 'upscale_factor' of aten::pixel_shuffle is 4294967296; it must be between 1 and "
+     "2147483647"),
+    ("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2], 1, 0,
+     "argument 'groups' of aten::native_channel_shuffle is 0; it must be between 1 and "
+     "2147483647"),
+    ("aten::unfold_backward", [(F32, [2, 3, 8, 4, 2])], [X[0], [2, 3, 8, 8], 3, 2, 2], 4, 0,
+     "argument 'step' of aten::unfold_backward is 0; it must be between 1 and 2147483647"),
+    ("aten::max_pool2d", [(F32, [1, 3, 8, 8])], [X[0], [2, 2], [2, 2]], 2, [0, 0],
+     "argument 'stride' of aten::max_pool2d is [0, 0]; each value must be between 1 and "
+     "2147483647"),
+    ("aten::max_pool2d", [(F32, [1, 3, 8, 8])], [X[0], [2, 2]], 1, [2, 2, 2],
+     "argument 'kernel_size' of aten::max_pool2d has 3 values; aten::max_pool2d takes 1 or 2"),
+    ("aten::_slow_conv2d_forward", [(F32, [1, 3, 8, 8]), (F32, [6, 3, 3, 3])],
+     [X[0], X[1], [3, 3], None, [1, 1], [0, 0]], 2, [],
+     "argument 'kernel_size' of aten::_slow_conv2d_forward has 0 values; "
+     "aten::_slow_conv2d_forward takes exactly 2"),
+    ("aten::embedding_bag", [(F32, [10, 3]), (I64, [2]), (I64, [1])], [X[0], X[1], X[2], False, 0],
+     4, 7, "argument 'mode' of aten::embedding_bag is 7; it must be 0 (sum), 1 (mean) or 2 (max)"),
+    ("aten::_reshape_alias", [(F32, [2, 3])], [X[0], [6], [1]], 1, [1 << 40],
+     "aten::_reshape_alias views %x0 (sizes [2, 3], strides [3, 1]) with sizes [1099511627776] "
+     "and strides [1], which reach past its elements"),
+    ("aten::mkldnn_convolution", [(F32, [1, 3, 8, 8]), (F32, [6, 3, 3, 3])],
+     [X[0], X[1], None, [0, 0], [1, 1], [1, 1], 1], 4, [1],
+     "argument 'stride' of aten::mkldnn_convolution has 1 value; its weight %x1 (sizes [6, 3, 3, "
+     "3]) has 2 spatial dimensions"),
+    # Found by the structure-aware fuzzer (fuzz/harness.h).
+    ("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2], 1, 16384,
+     "argument 'groups' of aten::native_channel_shuffle is 16384; its kernel needs %x0 (sizes [1, "
+     "4, 2, 2]) to have a batch and a positive multiple of it as channels"),
+    ("aten::unfold_backward", [(F32, [2, 3, 8, 4, 2])], [X[0], [2, 3, 8, 8], 3, 2, 2], 4, 1 << 20,
+     "argument 'grad_in' of aten::unfold_backward is %x0 (sizes [2, 3, 8, 4, 2]), which is not the "
+     "gradient of unfold(dimension 3, size 2, step 1048576) of sizes [2, 3, 8, 8]; its kernel "
+     "writes where that unfold would have read"),
+    ("aten::convolution", [(F32, [2, 3, 8, 8]), (F32, [6, 3, 3, 3])],
+     [X[0], X[1], None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1], 3, [],
+     "argument 'stride' of aten::convolution has 0 values; aten::convolution takes at least 1"),
+]
+
+
+@pytest.mark.parametrize("target, inputs, args, index, value, message", HOSTILE_ARGUMENTS,
+                         ids=["convolution_backward_groups_zero",
+                              "convolution_groups_that_overflow",
+                              "pixel_shuffle_factor_whose_square_overflows",
+                              "native_channel_shuffle_groups_zero", "unfold_backward_step_zero",
+                              "max_pool2d_stride_zero", "max_pool2d_kernel_of_three_dimensions",
+                              "slow_conv2d_without_a_kernel_size", "embedding_bag_mode_seven",
+                              "reshape_alias_past_its_input",
+                              "mkldnn_convolution_window_shorter_than_its_weight",
+                              "native_channel_shuffle_groups_beyond_the_channels",
+                              "unfold_backward_of_another_unfold", "convolution_without_a_stride"])
+def test_arguments_kernels_trust_are_refused_naming_the_node(tmp_path, target, inputs, args,
+                                                              index, value, message):
+    # Note [Integers kernels divide by], Note [Kernels that trust their
+    # arguments]: each of these killed the process (SIGFPE, SIGSEGV) when run.
+    good = one_call(target, inputs, args)
+    path = tmp_path / "good.tcg"
+    path.write_bytes(good)
+    gm = torchcap.load(path)
+    if target == "aten::convolution_backward":
+        assert gm(*random_inputs(gm)).shape == (2, 3, 8, 8)
+    bad = with_argument(good, index, value)
+    offset = in_json(bad, b'{"name":"call"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %call (nodes[{len(inputs)}]): {message}")
+
+
+def test_trusting_kernel_whose_input_has_no_recorded_shape(tmp_path):
+    doc, data = sections(one_call("aten::_reshape_alias", [(F32, [2, 3])], [X[0], [3, 2], [2, 1]]))
+    del doc["nodes"][0]["meta"]
+    bad = rebuild(doc, data)
+    offset = in_json(bad, b'{"name":"call"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %call (nodes[1]): argument 'self' of aten::_reshape_alias is "
+        "%x0, whose shape the file does not record; the loader checks this operator's arguments "
+        "against it, as its kernel does not")
+
+
+def test_trusting_kernels_on_shapes_they_do_not_survive(tmp_path):
+    # Found by the structure-aware fuzzer: a batch of 0 (SIGFPE, SIGSEGV), and
+    # embedding_bag in mode max without a bag (SIGSEGV).
+    def empty_batch(data, node=0):
+        doc, tensors = sections(data)
+        doc["nodes"][node]["meta"]["val"]["tensors"][0]["sizes"][0] = 0
+        return rebuild(doc, tensors)
+    call = b'{"name":"call"'
+    bad = empty_batch(one_call("aten::native_channel_shuffle", [(F32, [1, 4, 2, 2])], [X[0], 2]))
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[1]): argument 'groups' of "
+        "aten::native_channel_shuffle is 2; its kernel needs %x0 (sizes [0, 4, 2, 2]) to have a "
+        "batch and a positive multiple of it as channels")
+    bad = empty_batch(one_call("aten::_transform_bias_rescale_qkv",
+                               [(F32, [1, 3, 12]), (F32, [12])], [X[0], X[1], 2]))
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[2]): arguments 'qkv' and 'qkv_bias' "
+        "of aten::_transform_bias_rescale_qkv are %x0 (sizes [0, 3, 12]) and %x1 (sizes [12]); "
+        "its kernel takes [batch of at least 1, tokens, 3 * embedding] and [3 * embedding]")
+    bad = empty_batch(one_call("aten::embedding_bag", [(F32, [10, 3]), (I64, [4]), (I64, [1])],
+                               [X[0], X[1], X[2], False, 2]), node=2)
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, call)}: node %call (nodes[3]): arguments 'indices' and "
+        "'offsets' of aten::embedding_bag are %x1 (sizes [4]) and %x2 (sizes [0]); its kernel "
+        "takes 1-D indices and offsets, and in mode 2 (max) at least one bag")
+
+
+def test_operators_on_plain_numbers_are_refused(tmp_path):
+    # remainder.int(1, 0) divides by zero unchecked (SIGFPE). LibTorch alone
+    # does not register it (torchcap::load says so); torch's Python does.
+    doc, data = sections(one_call("aten::add.Tensor", [(F32, [2])], [X[0], X[0]]))
+    doc["nodes"].insert(1, {"name": "r", "op": "call_function", "target": "aten::remainder.int",
+                            "args": [1, 0]})
+    bad = rebuild(doc, data)
+    offset = in_json(bad, b'{"name":"r"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %r (nodes[1]): aten::remainder.int computes on plain "
+        "numbers, not tensors; graphs do not record such operators")
+
+
+def test_a_result_of_several_outputs_is_refused_as_the_cpp_loader_does(files, tmp_path):
+    # The C++ loader's lint refuses it; this loader made a module that returned
+    # topk's pair (found by compare_loaders.py on the structure-aware corpus).
+    doc, data = sections((files / "small.tcg").read_bytes())
+    doc["nodes"][7]["args"][0][0] = {"node": "topk"}
+    bad = rebuild(doc, data)
+    nodes = in_json(bad, b'[{"name":"x"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {nodes}: lint: output %output returns node %topk; results must be Tensor "
+        "nodes or none")
+
+
+def test_an_output_node_named_otherwise_is_refused_as_the_cpp_loader_does(files, tmp_path):
+    # The C++ graph names its output node itself (found by `make fuzz`).
+    doc, data = sections((files / "small.tcg").read_bytes())
+    doc["nodes"][7]["name"] = "outpup"
+    bad = rebuild(doc, data)
+    offset = in_json(bad, b'{"name":"outpup"')
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {offset}: node %outpup (nodes[7]): name: duplicate or invalid node name "
+        "'outpup'")
+
+
+def test_negative_padding_of_a_pad_is_no_window(tmp_path):
+    path = tmp_path / "pad.tcg"
+    path.write_bytes(one_call("aten::reflection_pad2d", [(F32, [1, 2, 5, 5])], [X[0], [-1] * 4]))
+    gm = torchcap.load(path)
+    assert gm(*random_inputs(gm)).shape == (1, 2, 3, 3)
+
+
 # --- Weightless files (version 1.3) ---------------------------------------------
 
 def test_weightless_files_bind_weights_and_run_like_the_cpp_program(files):
