@@ -5,12 +5,7 @@
 // elfutils' libdwfl) happens the first time someone asks for the frames.
 #include <torchcap/meta.h>
 
-#include "trace/trace_state.h"
-
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include <cxxabi.h>
-#include <dlfcn.h>
 #include <dwarf.h>
 #include <elfutils/libdw.h>
 #include <elfutils/libdwfl.h>
@@ -550,47 +545,6 @@ const std::vector<SourceFrame>& StackTrace::frames() const {
   });
   return state_->frames;
 }
-
-namespace detail {
-
-namespace {
-
-// "aten::add.Tensor" for the struct name "add_Tensor" of at::_ops, whose
-// name joins the operator's and its overload's with '_' (and operator names
-// hold '_' too): the split that names a registered operator.
-std::string aten_operator_of(const std::string& ops_struct) {
-  auto& d = c10::Dispatcher::singleton();
-  if (d.findSchema({"aten::" + ops_struct, ""})) return "aten::" + ops_struct;
-  for (size_t at = ops_struct.rfind('_'); at != std::string::npos && at > 0;
-       at = ops_struct.rfind('_', at - 1)) {
-    c10::OperatorName name{"aten::" + ops_struct.substr(0, at), ops_struct.substr(at + 1)};
-    if (d.findSchema(name)) return name.name + "." + name.overload_name;
-    if (at == 0) break;
-  }
-  return "aten::" + ops_struct;
-}
-
-}  // namespace
-
-std::vector<std::string> operators_on_stack() {
-  void* pcs[128];
-  int n = unw_backtrace(pcs, 128);
-  std::vector<std::string> ops;
-  const std::string prefix = "at::_ops::";
-  for (int i = 0; i < n; ++i) {
-    Dl_info info;
-    if (dladdr(static_cast<char*>(pcs[i]) - 1, &info) == 0 || info.dli_sname == nullptr) continue;
-    std::string fn = demangle(info.dli_sname);
-    if (fn.compare(0, prefix.size(), prefix) != 0) continue;
-    size_t end = fn.find("::", prefix.size());
-    if (end == std::string::npos) continue;
-    std::string op = aten_operator_of(fn.substr(prefix.size(), end - prefix.size()));
-    if (ops.empty() || ops.back() != op) ops.push_back(op);
-  }
-  return ops;
-}
-
-}  // namespace detail
 
 std::string StackTrace::str() const {
   const auto& fs = frames();
