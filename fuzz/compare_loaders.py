@@ -4,7 +4,8 @@
 
 LOAD_FILES is fuzz/load_files.cpp built. The fuzzer only exercises the C++
 loader; this gives its corpus (inputs that reach every check) to the Python
-loader too. It fails if the Python loader raises anything but ValueError, or
+reader too (torchcap._load.load_in_python: what torchcap.load runs without the
+compiled part). It fails if the Python loader raises anything but ValueError, or
 if the two disagree on whether a file loads, except where they differ by design
 (docs/FORMAT.md): Python cannot hold some attribute names C++ can, and leaves
 most schema checks and the shape check to run time. Both refuse the arguments
@@ -21,6 +22,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 import torchcap  # noqa: E402
+import torchcap._load  # noqa: E402
 
 PYTHON_ONLY = ("Python cannot hold this attribute",)
 # Schema and shape checks only the C++ loader makes (Note [Checking a file's
@@ -49,7 +51,7 @@ def main(load_files, corpus):
     examples = {}
     for path in paths:
         try:
-            torchcap.load(path, verify_checksums=False)
+            torchcap._load.load_in_python(path, verify_checksums=False)
             verdict, message = "OK", ""
         except ValueError as e:
             verdict, message = "ERR", str(e)

@@ -16,9 +16,10 @@ buffers are the returned module's own tensors, updated by each call.
 import torch
 
 from torchcap._errors import Error, TraceError
-from torchcap._load import _InputMeta
-from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _attribute,
-                             _check_args, _module_contents, _require_C, _set_tensor, _to_fx)
+from torchcap._bridge import _attribute, _set_tensor, _to_fx
+from torchcap._runtime import _InputMeta
+from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _check_args, _module_contents,
+                             _require_C)
 
 try:
     from torchcap import _C
@@ -122,7 +123,7 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
             raise
         raise error.with_traceback(e.__traceback__) from None
     step = _to_fx(graph, {}, checked=True)
-    # Note [Inputs of the traced shapes] in _load.py: each step's inputs are
+    # Note [Inputs of the traced shapes] in _runtime.py: each step's inputs are
     # checked (a plain attribute, as _capture sets it: Note [Attributes
     # attached on first use] in _trace.py).
     step.__dict__["_torchcap_inputs"] = tuple(

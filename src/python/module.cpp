@@ -979,7 +979,7 @@ py::list attributes(const GraphModule& gm) {
 }
 
 // Note [The traced module's attributes]
-// _attach_attributes (Note [Attributes attached on first use] in _trace.py)
+// _attach_attributes (Note [Attributes attached on first use] in _bridge.py)
 // puts the trace's attributes into the torch.fx module where
 // torch.fx's constructor would: each in the plain module of its dotted prefix
 // ("layer1.0.conv1" for "layer1.0.conv1.weight"), made once by
@@ -1122,7 +1122,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
 
-  py::class_<GraphModule>(m, "GraphModule")
+  py::class_<GraphModule> graph_module(m, "GraphModule");
+  graph_module
       .def("build_fx", &build_fx, py::arg("graph"), py::arg("spec_class"), py::arg("direct") = true)
       .def("attributes", &attributes)
       .def("attach_attributes", &attach_attributes, py::arg("module"), py::arg("new_module"))
@@ -1139,7 +1140,7 @@ PYBIND11_MODULE(_C, m) {
       .def("__deepcopy__", [](py::object self, py::object) { return self; })
       .def(py::pickle(&pickled_graph, &unpickled_graph));
 
-  register_load_bindings(m);
+  register_load_bindings(m, graph_module);
   // Note [Errors raised inside operators] in src/trace/trace_state.h.
   m.def("operator_error_kind", &torchcap::detail::take_operator_error_kind, py::arg("message"));
   m.def("save_fx", [](const py::list& nodes, const py::list& attributes, const std::string& path) {

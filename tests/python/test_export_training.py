@@ -132,7 +132,7 @@ def test_pickled_step_trains_on():
 
 @pytest.mark.parametrize("loaded", [False, True])
 def test_steps_from_several_threads(tmp_path, loaded):
-    # Note [Concurrent runs that write buffers back] in _load.py: steps
+    # Note [Concurrent runs that write buffers back] in _runtime.py: steps
     # taken from 8 threads at once are each a whole step, as if taken one
     # after another (unserialized, about 240 of 800 BatchNorm updates were
     # kept, and the parameters' updates as few).
@@ -160,7 +160,7 @@ def test_steps_from_several_threads(tmp_path, loaded):
 
 
 def test_inputs_that_do_not_fit_are_refused():
-    # Note [Inputs of the traced shapes] in _load.py: None, a NumPy array or
+    # Note [Inputs of the traced shapes] in _runtime.py: None, a NumPy array or
     # a number where the step takes a tensor, or a tensor of another dtype or
     # shape, is an InputError naming the input, before anything is updated.
     torch.manual_seed(0)

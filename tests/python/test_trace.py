@@ -19,7 +19,7 @@ import torchvision
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchcap
-from torchcap import _trace
+from torchcap import _bridge, _trace
 from thread_helpers import run_in_threads
 
 torch.manual_seed(0)
@@ -250,7 +250,7 @@ def test_call_with_another_argument_structure_is_a_clear_error():
 
 
 def test_keywords_that_are_no_parameter_names(tmp_path):
-    # Note [Keywords that are no parameter names] in _trace.py: a Python
+    # Note [Keywords that are no parameter names] in _runtime.py: a Python
     # keyword, a name the generated code reads (torch, getattr, float), a
     # placeholder's name, or a parameter of torchcap's own call path, each
     # passed by the caller's own keyword.
@@ -369,9 +369,9 @@ def test_traced_module_is_made_as_graph_module_makes_it():
     assert type(gm).__qualname__ == type(made).__qualname__
     # Its class, made by one type() call on this torch, has what the slow way
     # (torch.fx's constructor, then the class's attributes set one by one) gives.
-    assert _trace._new_traced_module.__name__ == "fast"
-    slow = _trace._new_graph_module(True)
-    _trace._set_graph_built_later(slow, None)
+    assert _bridge._new_traced_module.__name__ == "fast"
+    slow = _bridge._new_graph_module(True)
+    _bridge._set_graph_built_later(slow, None)
     other = torchcap.trace(m, (x,))  # as made: attributes not attached yet
     assert vars(type(other)).keys() == vars(type(slow)).keys()
     assert vars(gm).keys() - vars(slow).keys() == {"_torchcap_graph", "_torchcap_keywords",
@@ -661,7 +661,7 @@ def test_export_input_mutation():
 
 @pytest.mark.parametrize("made_by", ["trace", "export", "load"])
 def test_buffer_updates_from_several_threads(tmp_path, made_by):
-    # Note [Concurrent runs that write buffers back] in _load.py: runs of a
+    # Note [Concurrent runs that write buffers back] in _runtime.py: runs of a
     # module that write buffers back are serialized, so no update is lost
     # (the exported module reached about 190 of 800). A traced module
     # (allow_input_mutation or not) writes its buffers in place, as eager.
@@ -688,10 +688,10 @@ def test_buffer_updates_from_several_threads(tmp_path, made_by):
     assert "with _buffer_updates_lock(self):" in gm.code
     # One lock per module: while it is held, the module's runs wait and
     # another module's go ahead; copies have their own.
-    from torchcap import _load
+    from torchcap import _runtime
     other = copy.deepcopy(gm)
-    assert _load._buffer_updates_lock(other) is not _load._buffer_updates_lock(gm)
-    with _load._buffer_updates_lock(gm):
+    assert _runtime._buffer_updates_lock(other) is not _runtime._buffer_updates_lock(gm)
+    with _runtime._buffer_updates_lock(gm):
         waiting = threading.Thread(target=gm, args=(x,))
         waiting.start()
         assert run_in_threads(lambda: other(x), threads=2, calls=5) == []
@@ -959,7 +959,7 @@ def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
 
 @pytest.mark.parametrize("made_by", ["trace", "export", "load"])
 def test_values_that_are_not_tensors_are_refused(tmp_path, made_by):
-    # Note [Inputs of the traced shapes] in _load.py: None or a NumPy array
+    # Note [Inputs of the traced shapes] in _runtime.py: None or a NumPy array
     # where a tensor was traced failed inside an operator with its error,
     # and a number was computed with, without a word.
     import numpy as np
@@ -1044,7 +1044,7 @@ def test_threads_trace_at_once():
 
 
 def test_threads_tracing_at_once_leave_the_collector_on():
-    # Note [No collections] in _load.py: while any thread traces the cyclic
+    # Note [No collections] in _runtime.py: while any thread traces the cyclic
     # collector is off, and once the last trace is done it is on again. A
     # pause that saved and restored the switch on its own left it on during
     # the second trace below, and now and then off for good.
@@ -1250,7 +1250,7 @@ def test_graph_made_on_first_use(tmp_path, first_use):
         torchcap.save(gm, tmp_path / "m.tcg")
         assert "_graph" not in vars(gm)
         assert_tree_equal(torchcap.load(tmp_path / "m.tcg")(*args), m(*args))
-    made_now = _trace._fx_graph(gm._torchcap_graph, [])
+    made_now = _bridge._fx_graph(gm._torchcap_graph, [])
     assert gm.code == made_now.python_code("self").src
     assert _node_facts(gm.graph)[0] == _node_facts(made_now)[0]
     assert_tree_equal(gm(*args), m(*args))
@@ -1366,16 +1366,22 @@ def test_pickled_like_a_torch_fx_module(tmp_path):
     torch.testing.assert_close(exported(x), before(x))
     for name, buf in before.named_buffers():
         torch.testing.assert_close(exported.get_buffer(name), buf, msg=name)
-    # torch.fx would make these again from their code, as modules that take
-    # no arguments: refused, saying what to do instead.
+    # A loaded module is made as a traced one (Note [One bridge to torch.fx]
+    # in _load.py): it pickles the same way, and its copy checks its inputs.
     loaded = torchcap.load(tmp_path / "original.tcg")
+    unpickled = pickle.loads(pickle.dumps(loaded))
+    assert_tree_equal(unpickled(x), expected)
+    assert str(unpickled.graph) == str(loaded.graph)
+    with pytest.raises(torchcap.InputError, match="expected"):
+        unpickled(torch.zeros(1, 3, 8, 8))
+    # torch.fx would make an edited module again from its code, as a module
+    # that takes no arguments: refused, saying what to do instead.
     edited = torchcap.trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), (torch.randn(2, 4),))
     relu = next(n for n in edited.graph.nodes if n.target == torch.ops.aten.relu.default)
     relu.target = torch.ops.aten.sigmoid.default
     edited.recompile()
-    for module in (loaded, edited):
-        with pytest.raises(torchcap.Error, match="cannot be pickled.*torchcap.save"):
-            pickle.dumps(module)
+    with pytest.raises(torchcap.Error, match="cannot be pickled.*torchcap.save"):
+        pickle.dumps(edited)
 
 
 def _node_facts(graph):
@@ -1421,8 +1427,8 @@ def test_nodes_made_directly_equal_create_nodes(exported):
     for m, args, kwargs in cases:
         gm = (torchcap.export if exported else torchcap.trace)(m, args, kwargs)
         keywords = list(kwargs)
-        direct = _trace._fx_graph(gm._torchcap_graph, keywords)
-        made = _trace._fx_graph(gm._torchcap_graph, keywords, direct=False)
+        direct = _bridge._fx_graph(gm._torchcap_graph, keywords)
+        made = _bridge._fx_graph(gm._torchcap_graph, keywords, direct=False)
         assert _node_facts(direct) == _node_facts(made)
         assert direct.python_code("self").src == made.python_code("self").src
         direct.lint()

@@ -1,0 +1,834 @@
+"""What a module torchcap made does when it runs, whichever way it was made
+(traced, exported, a training step, loaded from a file): its argument and
+result structure (tree specs) and the forward code generated from them, the
+check of each call's inputs against the graph's, writes to buffers under a
+lock, code generated on first use, and the pause of Python's cyclic
+collector while many objects are made.
+"""
+
+import collections
+import contextlib
+import gc
+import keyword
+import math
+import threading
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch.fx.graph import CodeGen
+
+from torchcap._errors import Error, InputError, WeightError
+
+
+class _Spec:
+    """A tree spec: kind is leaf, none, constant, tuple, list or dict."""
+
+    __slots__ = ("kind", "children", "keys", "value", "num_leaves")
+
+    def __init__(self, kind, children=(), keys=(), value=None):
+        self.kind = kind
+        self.children = list(children)
+        self.keys = list(keys)
+        self.value = value
+        self.num_leaves = 1 if kind == "leaf" else sum(c.num_leaves for c in self.children)
+
+
+def _spec_leaf_paths(spec, root):
+    """(spec, access expression) of every leaf below `spec`, in order, without recursion."""
+    out = []
+    stack = [(spec, root)]
+    while stack:
+        s, path = stack.pop()
+        if s.kind == "leaf":
+            out.append(path)
+            continue
+        for k in reversed(range(len(s.children))):
+            key = repr(s.keys[k]) if s.kind == "dict" else str(k)
+            stack.append((s.children[k], f"{path}[{key}]"))
+    return out
+
+
+def _spec_expression(spec, leaves):
+    """Python source that builds `spec`'s structure from the names in `leaves` (consumed)."""
+    if spec.kind == "leaf":
+        return leaves.pop(0)
+    if spec.kind == "none":
+        return "None"
+    if spec.kind == "constant":
+        v = spec.value
+        if isinstance(v, float) and not math.isfinite(v):
+            return f"float({str(v)!r})"
+        return repr(v)
+    parts = [_spec_expression(c, leaves) for c in spec.children]
+    if spec.kind == "tuple":
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    if spec.kind == "list":
+        return "[" + ", ".join(parts) + "]"
+    return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(spec.keys, parts)) + "}"
+
+
+def _spec_flatten(spec, value):
+    """The leaves of `value` by `spec`; constants and None are skipped."""
+    if spec.kind == "leaf":
+        return [value]
+    if spec.kind in ("none", "constant"):
+        return []
+    out = []
+    items = [value[k] for k in spec.keys] if spec.kind == "dict" else list(value)
+    for child, item in zip(spec.children, items):
+        out.extend(_spec_flatten(child, item))
+    return out
+
+
+def _spec_unflatten(spec, leaves):
+    if spec.kind == "leaf":
+        return leaves.pop(0)
+    if spec.kind == "none":
+        return None
+    if spec.kind == "constant":
+        return spec.value
+    parts = [_spec_unflatten(c, leaves) for c in spec.children]
+    if spec.kind == "tuple":
+        return tuple(parts)
+    if spec.kind == "list":
+        return parts
+    return dict(zip(spec.keys, parts))
+
+
+class TorchcapCodeGen(CodeGen):
+    """forward() takes the program's nested arguments and returns its nested result.
+
+    Each top-level element of the input spec is one parameter of forward: a
+    tensor parameter is its placeholder; a nested one is unpacked into its
+    placeholders by indexing. Constants and None in the input spec were
+    specialised when the program was captured: their parameters are accepted
+    and ignored. The return statement rebuilds the output spec's structure.
+    """
+
+    def __init__(self, in_spec, out_spec, mutations=(), placeholders=None):
+        super().__init__()
+        self.in_spec = in_spec
+        self.out_spec = out_spec
+        # (kind, target) of the output values after the user outputs: the new
+        # values of buffers and inputs the program wrote (the signature).
+        self.mutations = list(mutations)
+        # The file's placeholder names -> their names in the code. Names, not
+        # nodes: a deep copy of the module copies its code generator, and nodes
+        # would drag the whole graph into that copy, one recursion per node.
+        self.placeholders = {k: v if isinstance(v, str) else v.name
+                             for k, v in (placeholders or {}).items()}
+        self._body_transformer = _BodyRewrite()
+
+    def _gen_python_code(self, nodes, root_module, namespace, **kwargs):
+        # Note [Attribute names in generated code]: torch.nn accepts any
+        # attribute name without a dot ("block1-0", "class", 'a"b'), but
+        # torch.fx writes get_attr targets into code as self.class or
+        # getattr(self, "a"b"), which do not compile. Each get_attr statement
+        # is rewritten with an access expression that is valid for any name.
+        rewrite = self._body_transformer
+        rewrite.statements = {
+            f"{node.name} = ": _attribute_expression(node.target, root_module)
+            for node in nodes if node.op == "get_attr"}
+        # Note [Concurrent runs that write buffers back]: the body runs
+        # holding the module's lock, under a global name no node takes (the
+        # namespace renames a node of that name in the code).
+        rewrite.lock = None
+        if any(kind == "buffer_mutation" for kind, _ in self.mutations):
+            rewrite.lock = (namespace.create_name(_BUFFER_UPDATES_LOCK, _buffer_updates_lock),
+                            root_module)
+        code = super()._gen_python_code(nodes, root_module, namespace, **kwargs)
+        if rewrite.lock is not None:
+            code.globals[rewrite.lock[0]] = _buffer_updates_lock
+        return code
+
+    def gen_fn_def(self, free_vars, maybe_return_annotation):
+        placeholders = list(free_vars)
+        if placeholders and placeholders[0] == "self":
+            placeholders = placeholders[1:]
+        taken = set(placeholders)
+        top = self.in_spec.children if self.in_spec.kind == "tuple" else [self.in_spec]
+        params, lines, next_leaf = ["self"], [], 0
+        for i, child in enumerate(top):
+            if child.kind == "leaf":
+                params.append(placeholders[next_leaf])
+                next_leaf += 1
+                continue
+            param = f"arg{i}"
+            while param in taken:
+                param += "_"
+            taken.add(param)
+            params.append(param)
+            for path in _spec_leaf_paths(child, param):
+                lines.append(f"    {placeholders[next_leaf]} = {path}")
+                next_leaf += 1
+        head = f"def forward({', '.join(params)}){maybe_return_annotation}:"
+        return "\n".join([head] + lines)
+
+    def generate_output(self, output_args):
+        # With mutations the output node holds (results, written inputs): the
+        # second part only keeps those placeholders alive to the end.
+        results = output_args[0] if self.mutations else output_args
+        num_user = len(results) - len(self.mutations)
+        # The writes the program made are applied before returning, so calling
+        # forward has the program's effect.
+        lines = []
+        for (kind, target), value in zip(self.mutations, results[num_user:]):
+            dest = (_attribute_expression(target) if kind == "buffer_mutation"
+                    else self.placeholders[target])
+            lines.append(f"{dest}.copy_({value!r})")
+        leaves = [repr(a) for a in results[:num_user]]
+        lines.append("return " + _spec_expression(self.out_spec, leaves))
+        return "\n".join(lines)
+
+    def process_inputs(self, *args):
+        value = tuple(args) if self.in_spec.kind == "tuple" else args[0]
+        return _spec_flatten(self.in_spec, value)
+
+    def process_outputs(self, outputs):
+        results = outputs[0] if self.mutations else outputs
+        return _spec_unflatten(self.out_spec, list(results[:len(results) - len(self.mutations)]))
+
+
+class _BodyRewrite:
+    """Rewrites torch.fx's code body: get_attr statements (Note [Attribute names
+    in generated code]), and the whole body under the module's lock when the
+    graph writes buffers back (Note [Concurrent runs that write buffers
+    back]). A plain object, so that copies of the module copy it too."""
+
+    def __init__(self):
+        self.statements = {}  # "NAME = " of each get_attr node -> its access expression
+        self.lock = None  # (the lock function's global name, the module's name), or None
+
+    def __call__(self, body):
+        # torch.fx emits a get_attr node as one body element, "NAME = access";
+        # no other element starts with that node's "NAME = ".
+        out = []
+        for line in body:
+            head = line.split(" = ", 1)[0] + " = "
+            access = self.statements.get(head)
+            out.append(head + access if access is not None else line)
+        if self.lock is None:
+            return out
+        # Elements are not lines (a statement and its deletions, the output's
+        # lines), so the joined text is indented line by line; no line of
+        # torch.fx's code continues a string of the line before.
+        name, root = self.lock
+        lines = "".join(out).split("\n")
+        return [f"with {name}({root}):\n" + "\n".join("    " + l if l else l for l in lines)]
+
+
+# The name of _buffer_updates_lock in generated code, where it is a global.
+_BUFFER_UPDATES_LOCK = "_buffer_updates_lock"
+
+
+# Note [Concurrent runs that write buffers back]
+# A graph that writes buffers back (an exported BatchNorm in train mode, a
+# training step) reads each buffer at the start of a run and copies its new
+# value in at the end. Two runs at once would both read the old value and
+# one update would be lost: 8 threads calling an exported BatchNorm 100
+# times each advanced num_batches_tracked by about 190, not 800. As the C++
+# Interpreter does (Note [Concurrent runs that update buffers] in
+# src/runtime/interpreter.cpp), such runs of one module are serialized, so
+# each sees the updates of those before it, as successive calls would; runs
+# of modules that write no buffers, and runs of other modules, go in
+# parallel. The generated forward holds the lock around its body, so every
+# way of calling it (module call, forward(), a loaded or traced or exported
+# module, a training step) is covered. The lock belongs to the module's
+# class, which torch.fx makes for each module: copies, pickles and reloads
+# get a lock of their own, and nothing in the module's state (which deepcopy
+# copies) holds one. Reentrant: a run that calls its own module again (a
+# tensor subclass's hook, say) goes on instead of waiting for itself.
+def _buffer_updates_lock(module):
+    """The lock of `module`'s runs that write buffers back, made on first use."""
+    cls = type(module)
+    lock = cls.__dict__.get("_torchcap_buffer_updates")
+    if lock is None:
+        with _FIRST_USE_LOCK:
+            lock = cls.__dict__.get("_torchcap_buffer_updates")
+            if lock is None:
+                lock = threading.RLock()
+                cls._torchcap_buffer_updates = lock
+    return lock
+
+
+def _attribute_expression(path, root="self"):
+    """self.a.b, with getattr(..., '0') for parts that are not identifiers or are keywords."""
+    expr = root
+    for part in path.split("."):
+        if part.isidentifier() and not keyword.iskeyword(part):
+            expr += "." + part
+        else:
+            expr = f"getattr({expr}, {part!r})"
+    return expr
+
+
+def _set_graph_generating_code_later(gm, graph):
+    """gm.graph = graph, with forward() generated and compiled when first needed.
+
+    Note [Code generated on first use]: torch.fx generates a module's Python
+    code and compiles it whenever its graph is set, which for a big graph
+    takes longer than reading the file (a large part of torchcap.load on a
+    long chain). Loading defers it, as later torch.fx does
+    (_LazyGraphModule): the first call of the module, or the first look at its
+    code (gm.code, print(gm)), generates it; gm.recompile() after editing the
+    graph works as always. `gm` must be of its own class, as every
+    GraphModule is (torch.fx makes one per instance), since the class's
+    forward and _code are replaced until then.
+    """
+    cls = type(gm)
+    cls.recompile = lambda self: None  # what setting the graph would call
+    try:
+        gm.graph = graph
+    finally:
+        del cls.recompile
+    cls.forward = _forward_after_generating_code
+    cls._code = property(_generated_code, _set_generated_code)
+    gm.__dict__.pop("_code", None)  # an empty graph's, from GraphModule.__init__
+    if "__reduce__" not in cls.__dict__:  # a traced module has its own
+        cls.__reduce__ = _refuse_pickling
+
+
+def _refuse_pickling(self):
+    """torch.fx pickles a module as its code and rebuilds it by tracing that
+    code symbolically, which gives a module of torchcap's code that takes no
+    arguments: refused here rather than made wrong."""
+    raise Error("this torch.fx module, edited since torchcap made it (or loaded without "
+                "torchcap's compiled part), cannot be pickled: torch.fx would rebuild it from its code without the "
+                "arguments it takes. Save it with torchcap.save and read it with torchcap.load")
+
+
+# Note [First use from several threads]
+# What a module makes on first use (its code here; a traced module's graph
+# and attribute submodules, Note [Graph made on first use] in _bridge.py)
+# is made under this lock, and the code made once: threads calling a new
+# module at once would otherwise each generate it, replacing the class's
+# forward and graph under one another (wrong code, unbound locals, runaway
+# recursion). Reentrant: making the code makes the graph, which sets it.
+_FIRST_USE_LOCK = threading.RLock()
+
+
+def _forward_after_generating_code(self, *args, **kwargs):
+    with _FIRST_USE_LOCK:
+        if type(self).__dict__.get("forward") is _forward_after_generating_code:
+            self.recompile()  # replaces forward
+    return self.forward(*args, **kwargs)
+
+
+# The source is kept in the instance's __dict__ under torch.fx's own key,
+# where pickling a GraphModule looks for it (the property, a data
+# descriptor, takes precedence over that entry for attribute lookups).
+def _generated_code(self):
+    with _FIRST_USE_LOCK:
+        if "_code" not in self.__dict__:
+            self.recompile()
+        return self.__dict__["_code"]
+
+
+def _set_generated_code(self, src):
+    self.__dict__["_code"] = src
+
+
+def _fx_illegal_names():
+    """The names torch.fx's namespace refuses for a node (it renames them)."""
+    import builtins
+    from torch.fx.graph import _custom_builtins
+    return frozenset(keyword.kwlist) | frozenset(builtins.__dict__) | frozenset(_custom_builtins)
+
+
+# Short dtype names, as the C++ printer writes them (src/graph/meta.cpp), for
+# messages that read like the C++ loader's.
+_SHORT_DTYPE_NAMES = {
+    "float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+    "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "b8",
+    "complex32": "c32", "complex64": "c64", "complex128": "c128"}
+
+
+def _describe(t):
+    """f32[16, 8]; the device only when it is known and neither the CPU nor meta."""
+    name = str(t.dtype).replace("torch.", "")
+    text = f"{_SHORT_DTYPE_NAMES.get(name, name)}[{', '.join(str(s) for s in t.shape)}]"
+    device = t.device
+    return text if device is None or device.type in ("cpu", "meta") else f"{text}@{device}"
+
+
+# Note [Inputs of the traced shapes]
+# A graph holds the shapes its trace saw: a view to [2, -1] stays a view to
+# [2, -1] whatever the input. Called on inputs of other shapes, such a graph
+# computes something else without a word (a [5, 3, 4] input viewed as
+# [2, 30]). The C++ Interpreter refuses inputs whose dtype, shape or device
+# differ from the placeholders' (InputError); the Python modules torchcap
+# makes (traced, exported, loaded) refuse them the same way. A placeholder
+# recorded on the meta device takes an input on any device (a model traced
+# on meta tensors, then bound to weights), and a meta input goes anywhere.
+# What is no tensor at all (None, a NumPy array, a Python number) is refused
+# too: an operator would fail on it with an error of its own, or compute
+# with a number in place of the tensor. Messages name each input as the C++
+# Interpreter does, "input 1 (ph_1)", and for a traced module where the
+# call passed it, "input 1 (ph_1, kwargs['scale'])". The check runs on every
+# call: the usual case is one pass over the inputs, building nothing; the
+# message is made only when something is wrong.
+class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device stride written")):
+    """What a graph input was traced with; device None: not recorded (files).
+    stride: the traced strides when they are dense, else None; written:
+    whether the graph writes the input (Note [Inputs in the traced layout]
+    in src/runtime/interpreter.cpp)."""
+
+    @staticmethod
+    def of(t, written=False):
+        return _InputMeta(t.dtype, tuple(t.shape), t.device,
+                          t.stride() if t.layout == torch.strided and _dense(t) else None, written)
+
+
+_InputMeta.__new__.__defaults__ = (None, False)
+
+# A tensor input whose dtype and shape the file does not record.
+_ANY_TENSOR = _InputMeta(None, None, None)
+
+
+def _check_inputs(expected, leaves, labels=None, module=None):
+    """InputError unless each of `leaves` is a tensor that matches its
+    `expected` _InputMeta (None: not a tensor input; _ANY_TENSOR: any tensor).
+    labels(module): each tensor input's name, for the message.
+    Note [Inputs of the traced shapes].
+
+    Returns None, or `leaves` as a list with each input of other strides than
+    traced copied into the traced layout (Note [Inputs in the traced layout]
+    in src/runtime/interpreter.cpp); an input the graph writes must come in
+    that layout."""
+    relaid = None
+    for i, (want, got) in enumerate(zip(expected, leaves)):
+        if want is None:
+            continue
+        # _fits_input, inlined: this runs on every call.
+        if isinstance(got, torch.Tensor):
+            if want.dtype is None:
+                continue
+            if got.dtype == want.dtype and got.shape == want.shape:
+                device = want.device
+                if device is None or got.device == device or device.type == "meta" or got.is_meta:
+                    stride = want.stride
+                    if stride is None or got.stride() == stride or _has_layout(got, stride):
+                        continue
+                    if want.written:
+                        _refuse_layout(expected, i, got, labels(module) if labels else None)
+                    if relaid is None:
+                        relaid = list(leaves)
+                    relaid[i] = torch.empty_strided(got.shape, stride, dtype=got.dtype,
+                                                    device=got.device).copy_(got)
+                    continue
+        _refuse_inputs(expected, leaves, labels(module) if labels is not None else None)
+    return relaid
+
+
+def _has_layout(t, stride):
+    """Whether `t` has strides `stride` where they matter (dimensions of size > 1)."""
+    return t.is_meta or all(a == b for a, b, s in zip(t.stride(), stride, t.shape) if s > 1)
+
+
+def _refuse_layout(expected, index, got, labels):
+    k = sum(1 for want in expected[:index] if want is not None)
+    where = f"input {k}" + (f" ({labels[k]})" if labels is not None and k < len(labels) else "")
+    raise InputError(f"{where} is written by the graph and must have the strides it was traced "
+                     f"with, {list(expected[index].stride)}; got {list(got.stride())}. Pass it in "
+                     f"that layout (contiguous())")
+
+
+def _fits_input(want, got):
+    """Whether `got` is a tensor as `want`, an _InputMeta, describes."""
+    if not isinstance(got, torch.Tensor):
+        return False
+    if want.dtype is None:
+        return True
+    device = want.device
+    return (got.dtype == want.dtype and got.shape == want.shape and
+            (device is None or got.device == device or device.type == "meta" or got.is_meta))
+
+
+def _refuse_inputs(expected, leaves, labels):
+    """The InputError of _check_inputs, naming every input that does not fit."""
+    problems, not_tensors, k = [], False, -1
+    for want, got in zip(expected, leaves):
+        if want is None:
+            continue
+        k += 1  # the tensor inputs are numbered as the graph's placeholders
+        where = f"input {k}" + (f" ({labels[k]})" if labels is not None and k < len(labels)
+                                else "")
+        wanted = "" if want.dtype is None else " " + _describe(want)
+        if not isinstance(got, torch.Tensor):
+            not_tensors = True
+            problems.append(f"\n  {where}: expected a tensor{wanted}, got {_describe_value(got)}")
+        elif not _fits_input(want, got):
+            problems.append(f"\n  {where}: expected{wanted}, got {_describe(got)}")
+    advice = ("\nA graph runs on tensors of the dtypes and shapes it was traced with; trace "
+              "again for others")
+    if not_tensors:
+        advice += " (torch.as_tensor makes a tensor of a number or a NumPy array)"
+    raise InputError("inputs do not match the graph:" + "".join(problems) + advice)
+
+
+def _describe_value(v):
+    """None, "a float (2.0)", "a numpy.ndarray": what was given for a tensor."""
+    if v is None:
+        return "None"
+    kind = type(v)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")
+    article = "an" if name[0] in "aeiouAEIOU" else "a"
+    if kind in (bool, int, float, complex):
+        return f"{article} {name} ({v!r})"
+    return f"{article} {name}"
+
+
+def _placeholder_names(gm):
+    """The names of a module's placeholders, in order (labels for _check_inputs)."""
+    return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _file_input_meta(dtype, shape, stride, written):
+    """The _InputMeta of a placeholder from its recorded metadata (no device)."""
+    stride = tuple(stride)
+    expected = 1
+    for st, size in sorted((st, s) for s, st in zip(shape, stride) if s != 1):
+        if st != expected:
+            stride = None
+            break
+        expected *= size
+    return _InputMeta(dtype, tuple(shape), None, stride, written)
+
+
+def _check_loaded_inputs(gm, args):
+    """Forward pre-hook of a loaded module: Note [Inputs of the traced shapes].
+    Arguments of another structure are left to forward, which fails on them.
+    Returns the arguments with inputs in the traced layout when some were not."""
+    codegen = gm.graph._codegen
+    if not isinstance(codegen, TorchcapCodeGen):  # a graph set by the user since
+        return None
+    try:
+        leaves = codegen.process_inputs(*args)
+    except (IndexError, KeyError, TypeError):
+        return None
+    relaid = _check_inputs(gm._torchcap_inputs, leaves, _placeholder_names, gm)
+    if relaid is None:
+        return None
+    value = _spec_unflatten(codegen.in_spec, list(relaid))
+    return value if codegen.in_spec.kind == "tuple" else (value,)
+
+
+def _dense(t):
+    """Whether `t`'s strides lay its elements out without gaps or overlap."""
+    expected = 1
+    for stride, size in sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _unbound(module):
+    """'parameter 'fc.weight' (f32[4, 8])' for each attribute of a loaded module
+    that holds no values."""
+    out = []
+    for name, kind in getattr(module, "_torchcap_attributes", ()):
+        owner_path, _, leaf = name.rpartition(".")
+        owner = module.get_submodule(owner_path) if owner_path else module
+        t = getattr(owner, leaf, None)
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            out.append(f"{kind} '{name}' ({_describe(t)})")
+    return out
+
+
+def _refuse_unbound_weights(module, args):
+    """A forward pre-hook of modules loaded with weightless attributes
+    (Note [Runs with unbound weights] in src/runtime/interpreter.cpp): a call
+    on real inputs is refused, naming them, instead of failing inside an
+    operator or returning meta tensors. Calls on meta inputs only compute
+    shapes and go ahead. Once every attribute holds values (given to it by
+    to_empty and load_state_dict, say) the hook removes itself."""
+    unbound = _unbound(module)
+    if not unbound:
+        for key, hook in list(module._forward_pre_hooks.items()):
+            if hook is _refuse_unbound_weights:
+                del module._forward_pre_hooks[key]
+        return None
+    leaves = pytree.tree_flatten(args)[0]
+    tensors = [a for a in leaves if isinstance(a, torch.Tensor)]
+    if tensors and all(t.is_meta for t in tensors):
+        return None
+    shown = ", ".join(unbound[:5]) + (f" and {len(unbound) - 5} more" if len(unbound) > 5 else "")
+    raise WeightError(f"the module's weights are not bound: {len(unbound)} attribute(s) hold no "
+                      f"values (the module was traced on the meta device or loaded from a "
+                      f"weightless file): {shown}. Bind them first: torchcap.load(path, "
+                      f"weights=state_dict)")
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused():
+    """Note [No collections]: Python's cyclic garbage collector runs every few
+    hundred new objects and, now and then, walks every live object. Loading,
+    tracing and making a torch.fx graph make many objects that all stay
+    alive, so those walks free nothing: they took a large share of
+    torchcap.load's time on big graphs, and of torchcap.trace's on small
+    operators. These run without them.
+
+    The collector is one switch for the whole process, and pauses overlap
+    when threads trace or load at once. Each pause saving and restoring the
+    switch on its own let them undo one another: a pause that began while
+    another held the collector off saw it off, and left it off for good
+    once the other had switched it back on in between. So pauses are
+    counted, under a lock: the first switches the collector off (if it was
+    on) and the last switches it back on; none ends while another runs."""
+    global _gc_pauses, _gc_was_enabled
+    with _GC_PAUSES_LOCK:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _GC_PAUSES_LOCK:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+# The pauses of _cyclic_gc_paused under way, in every thread, and whether the
+# collector was on when the first of them began.
+_GC_PAUSES_LOCK = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+# Note [Named tuples]
+# The C++ tracer hands the program its arguments through IValues, whose
+# tuples have no names, and the graph's results are built from the C++
+# graph's output structure, which has none either: a namedtuple argument
+# reached the program as a plain tuple (`p.a` failed), and a namedtuple
+# result came back from the traced module as a plain tuple. The pytree specs
+# keep the types, and torch's pytree flattens a named tuple as its fields in
+# order, the leaves of the plain tuple in its place. So both are rebuilt
+# the same way, from their spec (_as_spec): the program's arguments before
+# it runs, from in_spec, and a traced module's result after each call
+# (_CheckedCall), from out_spec. A .tcg file has no named tuples:
+# torchcap.load and C++ give plain tuples in their place.
+
+def _spec_holds_named_tuple(spec):
+    return spec.type is collections.namedtuple or any(
+        _spec_holds_named_tuple(c) for c in spec.children_specs)
+
+
+def _as_spec(value, spec):
+    """`value`, of `spec`'s structure with plain tuples in places, as `spec`
+    has it (Note [Named tuples])."""
+    return pytree.tree_unflatten(pytree.tree_flatten(value)[0], spec)
+
+
+def _tensors_only(args, kwargs):
+    """Whether a call passes positional tensors only: its spec, leaves and
+    structure need no walk."""
+    return not kwargs and all(isinstance(a, torch.Tensor) for a in args)
+
+
+# Note [Specs of tensor arguments]
+# The pytree specs of a trace's arguments cost several times more right
+# after a trace than when made on their own, nearly all of it in cache
+# misses: after the program ran, pytree's Python code had left the caches. A program
+# called with tensors only, and returning one tensor, has specs that depend
+# only on the number of tensors: made once, and shared by the traced
+# modules, which never change them.
+_LEAF_SPEC = pytree.LeafSpec()
+_TENSOR_ARGUMENT_SPECS = {}  # n -> (in_spec, call structure) of n positional tensors
+
+
+# --- Calling a traced module ---------------------------------------------------
+# The generated forward unpacks nested arguments by indexing: called with
+# another structure it fails with Python's own TypeError or an operator's,
+# or, given a tensor where a tuple was traced, indexes the tensor and
+# computes something else. So each call's structure is compared with the
+# traced one first (a walk over the arguments, no copies).
+
+def _fits(spec, value):
+    """Whether `value` has the structure of pytree spec `spec`; a leaf fits any
+    value that is not a container (tensors; scalars were fixed when traced)."""
+    if isinstance(spec, pytree.LeafSpec):
+        return pytree._is_leaf(value)
+    if pytree._is_leaf(value) or pytree._get_node_type(value) is not spec.type:
+        return False
+    if spec.type is dict:  # by key, in any order
+        return (len(value) == len(spec.context) and
+                all(k in value and _fits(c, value[k])
+                    for k, c in zip(spec.context, spec.children_specs)))
+    children, context = pytree.SUPPORTED_NODES[spec.type].flatten_fn(value)
+    return (context == spec.context and len(children) == len(spec.children_specs) and
+            all(_fits(c, v) for c, v in zip(spec.children_specs, children)))
+
+
+def _spec_leaves(spec, value, out):
+    """The leaves of `value`, which fits pytree spec `spec`, in the spec's
+    order (a dict's in the traced call's key order, whatever the call's)."""
+    if isinstance(spec, pytree.LeafSpec):
+        out.append(value)
+        return out
+    if spec.type is dict:
+        children = [value[k] for k in spec.context]
+    else:
+        children = pytree.SUPPORTED_NODES[spec.type].flatten_fn(value)[0]
+    for child_spec, child in zip(spec.children_specs, children):
+        _spec_leaves(child_spec, child, out)
+    return out
+
+
+def _structure(value):
+    """"Tensor", "(Tensor, [Tensor, int])", "{'mask': Tensor}": a value's
+    structure, with the types of its leaves."""
+    if isinstance(value, torch.Tensor):
+        return "Tensor"
+    if pytree._is_leaf(value):
+        return type(value).__name__
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_structure(v)}" for k, v in value.items()) + "}"
+    inner = ", ".join(_structure(v) for v in value)
+    if pytree._is_namedtuple_instance(value):
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, tuple):
+        return f"({inner}{',' if len(value) == 1 else ''})"
+    return f"[{inner}]"
+
+
+def _call_structure(args, kwargs):
+    return "(" + ", ".join([_structure(a) for a in args] +
+                           [f"{k}={_structure(v)}" for k, v in kwargs.items()]) + ")"
+
+
+class _CheckedCall:
+    """A traced module's _wrapped_call: refuses a call whose arguments are not
+    structured as the traced ones with an InputError, before anything runs."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def __call__(self, obj, /, *args, **kwargs):
+        spec = getattr(obj, "in_spec", None)
+        if spec is not None and not _fits(spec, (args, kwargs)):
+            args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
+        inputs = obj.__dict__.get("_torchcap_inputs")
+        if inputs is not None:  # Note [Inputs of the traced shapes]
+            flat = spec is None or _tensors_only(args, kwargs)
+            relaid = _check_inputs(inputs, args if flat else _spec_leaves(spec, (args, kwargs), []),
+                                   _traced_input_labels, obj)
+            if relaid is not None:  # Note [Inputs in the traced layout]
+                args, kwargs = (tuple(relaid), kwargs) if flat else \
+                    pytree.tree_unflatten(relaid, spec)
+        if kwargs and "obj" in kwargs:
+            # A program's keyword that torch.fx's _WrappedCall would take for
+            # its own parameter (Note [Keywords that are no parameter names]):
+            # what it calls, called directly.
+            result = super(self.wrapped.cls, obj).__call__(*args, **kwargs)
+        else:
+            result = self.wrapped(obj, *args, **kwargs)
+        if obj.__dict__.get("_torchcap_named_result"):  # Note [Named tuples]
+            result = _as_spec(result, obj.out_spec)
+        return result
+
+
+def _traced_input_labels(gm):
+    """"ph_1, kwargs['scale']": each tensor input's placeholder, and where the
+    traced call passed it (Note [Inputs of the traced shapes])."""
+    names = _placeholder_names(gm)
+    spec = getattr(gm, "in_spec", None)
+    if spec is None:
+        return names
+    paths = []
+    for root, child in zip(("args", "kwargs"), spec.children_specs):
+        _spec_paths(child, root, paths)
+    paths = [p for p, want in zip(paths, gm._torchcap_inputs) if want is not None]
+    return [f"{n}, {p}" for n, p in zip(names, paths)]
+
+
+def _spec_paths(spec, path, out):
+    """The access path ("args[0][1]", "kwargs['mask']") of each leaf of pytree
+    spec `spec`, in the order of _spec_leaves."""
+    if isinstance(spec, pytree.LeafSpec):
+        out.append(path)
+        return out
+    keys = spec.context if spec.type is dict else range(len(spec.children_specs))
+    for key, child in zip(keys, spec.children_specs):
+        _spec_paths(child, f"{path}[{key!r}]", out)
+    return out
+
+
+def _bound_as_traced(gm, spec, args, kwargs):
+    """The call's arguments as the traced call passed them (positional
+    parameters given by keyword are moved to their place), or InputError."""
+    import inspect
+    try:
+        bound = inspect.signature(type(gm).forward).bind(gm, *args, **kwargs)
+        positional, keywords = [], {}
+        for name, value in list(bound.arguments.items())[1:]:
+            kind = bound.signature.parameters[name].kind
+            if kind == inspect.Parameter.KEYWORD_ONLY:
+                keywords[name] = value
+            elif kind == inspect.Parameter.VAR_POSITIONAL:
+                positional.extend(value)
+            elif kind == inspect.Parameter.VAR_KEYWORD:
+                keywords.update(value)
+            else:
+                positional.append(value)
+        if _fits(spec, (tuple(positional), keywords)):
+            return tuple(positional), keywords
+    except TypeError:
+        pass
+    expected = getattr(gm, "_torchcap_call_structure", None) or repr(spec)
+    raise InputError(f"the traced module takes arguments structured as {expected}, as when it "
+                     f"was traced; it was called with {_call_structure(args, kwargs)}. Pass "
+                     f"the same nesting of tuples, lists and dicts and the same keywords "
+                     f"(tensor values may differ; other values were fixed when traced)")
+
+
+class _KeywordCodeGen(TorchcapCodeGen):
+    """forward(self, <positional>, *, <keywords>): the program's keyword
+    arguments, which the graph takes as one trailing dict argument.
+
+    Note [Keywords that are no parameter names]: a program takes whatever
+    keywords its caller passes, `class` or `torch` among them
+    (f(x, **{"class": y})). Made a parameter of the generated forward, such
+    a name is a syntax error (a Python keyword) or hides a name the code
+    reads (torch.ops..., getattr, float('inf'), a placeholder). Those
+    keywords come in through one `**` parameter, under a name the code does
+    not use, so callers pass them by their own names as before; the others
+    stay keyword-only parameters, which the signature shows. Which keywords
+    a call must pass is checked before forward runs (_CheckedCall).
+    """
+
+    def __init__(self, base, keywords):
+        super().__init__(base.in_spec, base.out_spec, base.mutations, base.placeholders)
+        self.keywords = list(keywords)
+
+    def gen_fn_def(self, free_vars, maybe_return_annotation):
+        text = super().gen_fn_def(free_vars, maybe_return_annotation)
+        head, _, body = text.partition("\n")
+        params = head[head.index("(") + 1:head.rindex(")")].split(", ")
+        packed = params.pop()  # the dict parameter
+        used = _fx_illegal_names().union(params, [_BUFFER_UPDATES_LOCK])
+        named = [k for k in self.keywords if k.isidentifier() and k not in used]
+        signature, values, rest = list(params), [], None
+        if any(k in params for k in self.keywords):
+            signature.append("/")  # so that such a keyword reaches `rest`
+        if named:
+            signature += ["*"] + named
+        if len(named) < len(self.keywords):
+            rest = "keywords"
+            while rest in used or rest in self.keywords:
+                rest += "_"
+            signature.append(f"**{rest}")
+        named = set(named)
+        for k in self.keywords:
+            values.append(f"{k!r}: {k}" if k in named else f"{k!r}: {rest}[{k!r}]")
+        head = f"def forward({', '.join(signature)}){maybe_return_annotation}:"
+        pack = f"    {packed} = {{{', '.join(values)}}}"
+        return "\n".join([head, pack] + ([body] if body else []))
+
+    def process_inputs(self, *args, **kwargs):
+        return super().process_inputs(*args, kwargs) if self.keywords else \
+            super().process_inputs(*args)
