@@ -16,7 +16,8 @@ docs/FORMAT.md.
 """
 
 from torchcap._errors import Error, InputError, TraceError, WeightError
-from torchcap._load import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION, load
+from torchcap._load import load
+from torchcap._tcg_file import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION
 from torchcap._trace import dispatch_trace, export, save, trace
 from torchcap._training import export_training
 
