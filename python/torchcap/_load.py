@@ -36,6 +36,7 @@ from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 from torchcap._bridge import _to_fx_of_file
 from torchcap._errors import WeightError
 from torchcap._file_checks import _check_call
+from torchcap._operators import split_operator_name
 from torchcap._format_tables import TABLES as _TABLES
 from torchcap._tcg_file import (_ALIGNMENT, _DTYPES, _HEADER_SIZE, _INT64_MAX, _ITEM_SIZES,
                                 _LAYOUTS, _MEMORY_FORMATS, _NODE_NAME, _RESERVED_NODE_NAMES,
@@ -267,11 +268,11 @@ class _Reader(_TcgFile):
         self.fail(offset, f"{label}unknown argument kind '{kind}'")
 
     def operator(self, target, offset, label):
-        ns, sep, rest = target.partition("::")
-        if not sep or not ns or not rest:
+        parts = split_operator_name(target)
+        if parts is None:
             self.fail(offset, f"{label}'{target}' is not a qualified operator name; expected "
                               "namespace::name[.overload], e.g. aten::add.Tensor")
-        name, _, overload = rest.partition(".")
+        ns, name, overload = parts
         op = None
         # The default overload is written without a name ("aten::addmm"), as
         # LibTorch names it; "aten::addmm.default" is not an operator name.

@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 
 from torchcap import _errors
 from torchcap._errors import Error, TraceError
+from torchcap._operators import operator_name
 from torchcap._bridge import _as_traced, _attribute, _current_tensors, _to_fx
 from torchcap._runtime import (_LEAF_SPEC, _TENSOR_ARGUMENT_SPECS, _InputMeta, _as_spec,
                                _call_structure, _cyclic_gc_paused, _spec_holds_named_tuple,
@@ -166,16 +167,6 @@ def _as_trace_error(e, training=False):
 
 # --- Tracing ---------------------------------------------------------------------
 
-def _operator_name(op):
-    """"aten::linear" for "aten::linear", "linear", torch.ops.aten.linear(.default)."""
-    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        schema_name, _, overload = str(op).partition(".")[2].partition(".")
-        op = f"{str(op).partition('.')[0]}::{schema_name}" + (
-            f".{overload}" if overload and overload != "default" else "")
-    op = str(op)
-    return op if "::" in op else "aten::" + op
-
-
 def _module_of(f):
     if isinstance(f, torch.nn.Module):
         return f
@@ -216,7 +207,7 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
             raise TypeError(f"preserve must be a list of operators (for example "
                             f"['aten::linear'] or [torch.ops.aten.linear]), not one "
                             f"{type(preserve).__name__}: {preserve!r}")
-        preserve = [_operator_name(op) for op in preserve]
+        preserve = [operator_name(op) for op in preserve]
     out_spec = []
     in_spec, structure = _argument_specs(args, kwargs)
     named = _spec_holds_named_tuple(in_spec)
