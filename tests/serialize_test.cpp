@@ -668,7 +668,7 @@ TEST(Load, TensorsOutliveTheModuleAndTheFile) {
   expect_same_tensor(kept, gm.attribute("dtypes.float64").value, "dtypes.float64");
 }
 
-// --- load: one test per verification failure -------------------------------------------
+// --- load: files it refuses (most are rows of kRejectCases, at the end) ---------------
 
 TEST(LoadRejects, MissingFile) {
   TempDir dir;
@@ -709,99 +709,6 @@ TEST(LoadRejects, EmptyFile) {
   }
 }
 
-TEST(LoadRejects, WrongMagic) {
-  std::string b = valid();
-  b[1] = 'X';
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte 0: not a torchcap graph file (the first 8 bytes are not the .tcg magic)");
-}
-
-TEST(LoadRejects, TruncatedHeader) {
-  EXPECT_EQ(load_error(valid().substr(0, 20)),
-            "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header");
-}
-
-TEST(LoadRejects, TruncatedHeaderOfVersion11) {
-  EXPECT_EQ(load_error(valid().substr(0, 70)),
-            "f.tcg: byte 70: the file ends after 70 bytes, inside the 72-byte header of version 1.2");
-}
-
-TEST(LoadRejects, NewerMajorVersion) {
-  std::string b = valid();
-  TcgFile::put_header(b, 8, 2, 2);
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte 8: format version 2.2 is not supported; this torchcap reads version 1.x");
-}
-
-TEST(LoadRejects, HeaderSizeOutOfRange) {
-  std::string b = valid();
-  TcgFile::put_header(b, 12, 32, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 32 is not 72, the header size of version 1.2");
-}
-
-TEST(LoadRejects, TruncatedFile) {
-  std::string b = valid();
-  std::string cut = b.substr(0, b.size() - 3);
-  EXPECT_EQ(load_error(cut), "f.tcg: byte 16: the header gives the file size as " +
-                                 std::to_string(b.size()) + " bytes but the file has " +
-                                 std::to_string(cut.size()) + " (truncated)");
-}
-
-TEST(LoadRejects, TrailingBytes) {
-  std::string b = valid();
-  EXPECT_EQ(load_error(b + "xx"), "f.tcg: byte 16: the header gives the file size as " +
-                                      std::to_string(b.size()) + " bytes but the file has " +
-                                      std::to_string(b.size() + 2) + " (trailing bytes)");
-}
-
-TEST(LoadRejects, WrongAlignment) {
-  std::string b = valid();
-  TcgFile::put_header(b, 56, 16, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 56: alignment 16 is not 64");
-}
-
-TEST(LoadRejects, UnknownFlags) {
-  std::string b = valid();
-  TcgFile::put_header(b, 60, 4, 4);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 60: unknown flags 0x4 for version 1.2");
-}
-
-TEST(LoadRejects, JsonOffsetInsideTheHeader) {
-  std::string b = valid();
-  TcgFile::put_header(b, 24, 8, 8);
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte 24: the JSON section's offset 8 is not between the end of the header "
-            "and the end of the file");
-}
-
-TEST(LoadRejects, JsonSizePastTheEnd) {
-  std::string b = valid();
-  TcgFile::put_header(b, 32, uint64_t{1} << 62, 8);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 32: the JSON section [72, +4611686018427387904) extends "
-                           "past the end of the file at " +
-                               std::to_string(b.size()));
-}
-
-TEST(LoadRejects, UnalignedDataSection) {
-  std::string b = valid();
-  TcgFile f = TcgFile::parse(b);
-  TcgFile::put_header(b, 40, f.data_offset + 8, 8);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 40: the data section's offset " +
-                               std::to_string(f.data_offset + 8) +
-                               " is not a multiple of 64 between the end of the JSON section at " +
-                               std::to_string(kJson + f.json.size()) + " and the end of the file");
-}
-
-TEST(LoadRejects, DataSizePastTheEnd) {
-  std::string b = valid();
-  TcgFile f = TcgFile::parse(b);
-  TcgFile::put_header(b, 48, f.data.size() + 64, 8);
-  EXPECT_EQ(load_error(b), "f.tcg: byte 48: the data section [" + std::to_string(f.data_offset) +
-                               ", +" + std::to_string(f.data.size() + 64) +
-                               ") extends past the end of the file at " +
-                               std::to_string(b.size()));
-}
-
 TEST(LoadRejects, InvalidJson) {
   TcgFile f = TcgFile::parse(valid());
   f.json[10] = '}';
@@ -811,28 +718,6 @@ TEST(LoadRejects, InvalidJson) {
             "literal");
 }
 
-TEST(LoadRejects, JsonNestedTooDeep) {
-  TcgFile f = TcgFile::parse(valid());
-  f.json = "{\"nodes\": " + std::string(70, '[') + std::string(70, ']') + "}";
-  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 145: the JSON nests deeper than 64 levels");
-}
-
-TEST(LoadRejects, JsonNotAnObject) {
-  TcgFile f = TcgFile::parse(valid());
-  f.json = "[1, 2]";
-  EXPECT_EQ(load_error(f.bytes()), "f.tcg: byte 72: the JSON section must hold an object, not an array");
-}
-
-TEST(LoadRejects, MissingSection) {
-  std::string b = with_json(valid(), [](Json& d) { d.erase("nodes"); });
-  EXPECT_EQ(load_error(b), "f.tcg: byte 72: the JSON section has no 'nodes'");
-}
-
-TEST(LoadRejects, UnknownTopLevelKey) {
-  std::string b = with_json(valid(), [](Json& d) { d["extra"] = 1; });
-  EXPECT_EQ(load_error(b), "f.tcg: byte 72: unknown key 'extra'");
-}
-
 TEST(LoadRejects, UnknownKeyIsIgnoredInANewerMinorVersion) {
   std::string b = with_json(valid(), [](Json& d) {
     d["extra"] = 1;
@@ -840,42 +725,6 @@ TEST(LoadRejects, UnknownKeyIsIgnoredInANewerMinorVersion) {
   });
   TcgFile::put_header(b, 10, kFormatMinorVersion + 1, 2);
   EXPECT_EQ(load_error(b), "");
-}
-
-TEST(LoadRejects, SignatureThatIsNotAnObject) {
-  std::string b = with_json(valid(), [](Json& d) { d["signature"] = 3; });
-  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte " + std::to_string(at) + ": 'signature': expected an object, got an integer");
-}
-
-TEST(LoadRejects, SignatureWithAnUnknownKey) {
-  std::string b = with_json(valid(), [](Json& d) { d["signature"] = {{"inputs", Json::array()}}; });
-  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) + ": 'signature': unknown key 'inputs'");
-}
-
-TEST(LoadRejects, UnknownOutputKind) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["signature"] = {{"outputs", {{{"kind", "gradient"}, {"target", ""}}}}};
-  });
-  uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
-                               ": 'signature': outputs[0].kind: unknown output kind 'gradient'");
-}
-
-TEST(LoadRejects, MutationOfAnAttributeThatIsNoBuffer) {
-  // Two outputs: the user's, and a write to a buffer the module does not have.
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][7]["args"][0].push_back({{"node", "where"}});
-    d["signature"] = {{"outputs",
-                       {{{"kind", "user"}, {"target", ""}},
-                        {{"kind", "buffer_mutation"}, {"target", "running_mean"}}}}};
-  });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
-                               ": lint: output 1 (buffer mutation of 'running_mean') names no "
-                               "parameter or buffer");
 }
 
 // Tensor table -------------------------------------------------------------------
@@ -890,118 +739,9 @@ std::string at_tensor(const std::string& b, size_t i) {
   return "f.tcg: byte " + std::to_string(element_byte(b, "tensors", i)) + ": ";
 }
 
-TEST(LoadRejects, UnknownDtype) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["dtype"] = "float31"; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) + "tensor 'w' (tensors[0]): dtype: unknown dtype 'float31'");
-}
-
-TEST(LoadRejects, QuantizedDtypeInTheTable) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["dtype"] = "qint8"; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensor 'w' (tensors[0]): dtype: tensors of dtype qint8 cannot be "
-                               "stored in the data section");
-}
-
-TEST(LoadRejects, LengthInconsistentWithShape) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["sizes"] = {2, 4}; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensor 'w' (tensors[0]): length: byte length 24 does not match "
-                               "dtype float32, sizes [2, 4] and strides [3, 1], which span 28 bytes");
-}
-
-TEST(LoadRejects, LengthInconsistentWithStrides) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["strides"] = {1, 1}; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensor 'w' (tensors[0]): length: byte length 24 does not match "
-                               "dtype float32, sizes [2, 3] and strides [1, 1], which span 16 bytes");
-}
-
-TEST(LoadRejects, StridesForTheWrongNumberOfDimensions) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["strides"] = {1}; });
-  EXPECT_EQ(load_error(b),
-            at_tensor(b, 0) + "tensor 'w' (tensors[0]): strides: 1 strides for 2 dimensions");
-}
-
-TEST(LoadRejects, NegativeSize) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["sizes"] = {-2, 3}; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensor 'w' (tensors[0]): sizes[0]: expected a non-negative "
-                               "integer, got -2");
-}
-
-TEST(LoadRejects, SizesThatOverflow) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["tensors"][0]["sizes"] = {int64_t{1} << 40, int64_t{1} << 40};
-    d["tensors"][0]["strides"] = {int64_t{1} << 40, 1};
-  });
-  EXPECT_EQ(load_error(b),
-            at_tensor(b, 0) +
-                "tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with strides "
-                "[1099511627776, 1] span more bytes than 64 bits can count");
-}
-
-TEST(LoadRejects, TooManyDimensions) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["tensors"][0]["sizes"] = std::vector<int64_t>(65, 1);
-  });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensor 'w' (tensors[0]): sizes: 65 dimensions; the format allows "
-                               "at most 64");
-}
-
-TEST(LoadRejects, UnalignedTensorOffset) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 8; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 1) +
-                               "tensor 'mask' (tensors[1]): offset: offset 8 is not a multiple of 64");
-}
-
-TEST(LoadRejects, TensorPastTheDataSection) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 640; });
-  TcgFile f = TcgFile::parse(b);
-  EXPECT_EQ(load_error(b), at_tensor(b, 1) +
-                               "tensor 'mask' (tensors[1]): bytes [640, 643) of the data section "
-                               "extend past its end at " +
-                               std::to_string(f.data.size()));
-}
-
-TEST(LoadRejects, OverlappingTensors) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 0; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 1) +
-                               "tensor 'mask' (tensors[1]): its bytes overlap those of tensor 'w'");
-}
-
-TEST(LoadRejects, DuplicateTensorName) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["name"] = "w"; });
-  EXPECT_EQ(load_error(b),
-            at_tensor(b, 1) + "tensor 'w' (tensors[1]): name: a second tensor has this name");
-}
-
-TEST(LoadRejects, BoolThatIsNeitherZeroNorOne) {
-  TcgFile f = TcgFile::parse(valid());
-  f.data[Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>() + 2] = 7;
-  std::string b = f.bytes();  // with the checksum of the bytes as they are now
-  f = TcgFile::parse(b);
-  uint64_t at = f.data_offset + Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>() + 2;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
-                               ": tensor 'mask' (tensors[1]): bool byte 7 is neither 0 nor 1");
-}
-
 // --- Checksums (version 1.1) ----------------------------------------------------
 // Damage is a change made after the file was sealed: bit flips the structural
 // checks cannot see, because the result is still a well-formed file.
-
-TEST(LoadRejects, DamagedHeader) {
-  std::string b = valid();
-  uint32_t recorded = static_cast<uint32_t>(TcgFile::get(b, 68, 4));
-  b[60] ^= 0x01;  // the flags: caught by the checksum before the flags check
-  char computed[9];
-  std::snprintf(computed, sizeof computed, "%08x",
-                TcgFile::crc(b.substr(0, 68)));  // the header is 72 bytes: no more to cover
-  char expected[9];
-  std::snprintf(expected, sizeof expected, "%08x", recorded);
-  EXPECT_EQ(load_error(b), std::string("f.tcg: byte 68: the header is damaged: its CRC-32 is 0x") +
-                               computed + ", the header records 0x" + expected);
-}
 
 TEST(LoadRejects, DamagedJsonThatIsStillValid) {
   // One digit of the add's alpha changes (0.5 to 0.7): valid JSON, a valid
@@ -1071,18 +811,6 @@ TEST(LoadRejects, DamagedTensorBytesInAMappedFile) {
   }
 }
 
-TEST(LoadRejects, MissingTensorChecksum) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0].erase("crc32"); });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) + "tensor 'w' (tensors[0]): missing 'crc32'");
-}
-
-TEST(LoadRejects, TensorChecksumBeyond32Bits) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["crc32"] = uint64_t{1} << 32; });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensor 'w' (tensors[0]): crc32: CRC-32 4294967296 does not fit "
-                               "in 32 bits");
-}
-
 // A file of an earlier version made from one of 1.2: 1.1 has no source lines
 // and module stacks, 1.0 no checksums either (and a 64-byte header).
 std::string as_version(const std::string& bytes, uint16_t minor) {
@@ -1117,51 +845,10 @@ TEST(LoadVersion10, RejectsWhatOnlyLaterVersionsHave) {
   EXPECT_EQ(load_error(b), "f.tcg: byte 12: header size 72 is not 64, the header size of version 1.0");
 }
 
-TEST(LoadRejects, MissingTensorField) {
-  std::string b = with_json(valid(), [](Json& d) { d["tensors"][0].erase("strides"); });
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) + "tensor 'w' (tensors[0]): missing 'strides'");
-}
-
 // Attributes ---------------------------------------------------------------------
 
 std::string at_attribute(const std::string& b, size_t i) {
   return "f.tcg: byte " + std::to_string(element_byte(b, "attributes", i)) + ": ";
-}
-
-TEST(LoadRejects, AttributeTensorIndexOutOfRange) {
-  std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["tensor"] = 9; });
-  EXPECT_EQ(load_error(b), at_attribute(b, 0) +
-                               "attribute 'w' (attributes[0]): tensor: tensor index 9 is not in "
-                               "the tensor table of 2");
-}
-
-TEST(LoadRejects, DuplicateAttributeName) {
-  std::string b = with_json(valid(), [](Json& d) { d["attributes"][1]["name"] = "w"; });
-  EXPECT_EQ(load_error(b), at_attribute(b, 1) +
-                               "attribute 'w' (attributes[1]): name: a second attribute has this "
-                               "name");
-}
-
-TEST(LoadRejects, UnknownAttributeKind) {
-  std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["kind"] = "weight"; });
-  EXPECT_EQ(load_error(b), at_attribute(b, 0) +
-                               "attribute 'w' (attributes[0]): kind: unknown attribute kind "
-                               "'weight'");
-}
-
-TEST(LoadRejects, AttributeNameWithAnEmptyPart) {
-  std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["name"] = "a..b"; });
-  EXPECT_EQ(load_error(b), at_attribute(b, 0) +
-                               "attribute 'a..b' (attributes[0]): name: the name is not a dotted "
-                               "path of non-empty parts");
-}
-
-TEST(LoadRejects, GetAttrOfAMissingAttribute) {
-  std::string b = with_json(valid(), [](Json& d) { d["attributes"].erase(1); });
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte " + std::to_string(TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8) +
-                ": lint: get_attr %mask reads attribute 'mask', which the GraphModule does not "
-                "have");
 }
 
 // Nodes --------------------------------------------------------------------------
@@ -1171,146 +858,6 @@ std::string at_node(const std::string& b, size_t i) {
 }
 
 // Node indices in small_module(): 0 x, 1 w, 2 mask, 3 add, 4 topk, 5 getitem, 6 where, 7 output.
-
-TEST(LoadRejects, UnknownOperator) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "aten::frobnicate"; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): call_function: no operator "
-                               "aten::frobnicate is registered");
-}
-
-TEST(LoadRejects, UnknownOverload) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "aten::add.Nope"; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): call_function: no operator aten::add.Nope "
-                               "is registered");
-}
-
-TEST(LoadRejects, TargetThatIsNotAQualifiedName) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "add"; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): 'add' is not a qualified operator name; "
-                               "expected namespace::name[.overload], e.g. aten::add.Tensor");
-}
-
-TEST(LoadRejects, ArgumentsThatDoNotFitTheSchema) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["args"][1] = "two"; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): argument 'other' of aten::add.Tensor "
-                               "expects Tensor, got str");
-}
-
-TEST(LoadRejects, UnknownKeywordArgument) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][3]["kwargs"] = Json::array({Json::array({"beta", 2})});
-  });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 3) + "node %add (nodes[3]): aten::add.Tensor has no argument named 'beta'");
-}
-
-TEST(LoadRejects, DuplicateNodeName) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "w"; });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 3) + "node %w (nodes[3]): name: duplicate or invalid node name 'w'");
-}
-
-TEST(LoadRejects, InvalidNodeName) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "not valid"; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %not valid (nodes[3]): name: duplicate or invalid node name "
-                               "'not valid'");
-}
-
-TEST(LoadRejects, ReservedNodeName) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "self"; });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 3) + "node %self (nodes[3]): name: duplicate or invalid node name 'self'");
-}
-
-TEST(LoadRejects, ReferenceToALaterNode) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["args"][0] = {{"node", "where"}}; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): args[0].node: %where is not a node defined "
-                               "before this one");
-}
-
-TEST(LoadRejects, UnknownOpcode) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["op"] = "call_module"; });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 3) + "node %add (nodes[3]): op: unknown opcode 'call_module'");
-}
-
-TEST(LoadRejects, NodeAfterTheOutput) {
-  std::string b = with_json(valid(), [](Json& d) {
-    Json extra = d["nodes"][3];
-    extra["name"] = "late";
-    d["nodes"].push_back(extra);
-  });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 8) + "node %late (nodes[8]): the node comes after the output node");
-}
-
-TEST(LoadRejects, NoOutput) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"].erase(7); });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte " + std::to_string(nodes) + ": 'nodes': the graph has no output node");
-}
-
-TEST(LoadRejects, PlaceholderAfterAnotherNode) {
-  std::string b = with_json(valid(), [](Json& d) {
-    Json ph = d["nodes"][0];
-    d["nodes"].erase(0);
-    d["nodes"].insert(d["nodes"].begin() + 2, ph);
-  });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
-                               ": lint: placeholder %x comes after non-placeholder nodes");
-}
-
-TEST(LoadRejects, GetItemWithBadArguments) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][5]["args"][1] = "zero"; });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 5) + "node %getitem (nodes[5]): args: getitem takes (node, index)");
-}
-
-TEST(LoadRejects, GetItemOutOfRange) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][5]["args"][1] = 2; });
-  EXPECT_EQ(load_error(b), at_node(b, 5) +
-                               "node %getitem (nodes[5]): getitem index 2 is out of range for "
-                               "%topk, which has 2 values");
-}
-
-TEST(LoadRejects, UnknownArgumentKind) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][4]["args"][1] = {{"complex", "1j"}}; });
-  EXPECT_EQ(load_error(b),
-            at_node(b, 4) + "node %topk (nodes[4]): args[1]: unknown argument kind 'complex'");
-}
-
-TEST(LoadRejects, TypedArgumentWithTwoKeys) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][4]["args"][1] = {{"float", "inf"}, {"node", "x"}};
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 4) +
-                               "node %topk (nodes[4]): args[1]: a typed argument is an object "
-                               "with exactly one key");
-}
-
-TEST(LoadRejects, FloatStringThatIsNotNonFinite) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["kwargs"][0][1] = {{"float", "1.5"}}; });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): kwargs[0][1].float: '1.5' is not inf, -inf, "
-                               "nan or the 0x bits of a NaN");
-}
-
-TEST(LoadRejects, FiniteBitsWrittenAsString) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][3]["kwargs"][0][1] = {{"float", "0x3ff0000000000000"}};
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): kwargs[0][1].float: '0x3ff0000000000000' is "
-                               "not inf, -inf, nan or the 0x bits of a NaN");
-}
 
 // Integer literals beyond int64_t: nlohmann::json would read 2^63 .. 2^64-1
 // as unsigned and anything larger, or below -2^63, as a double, so an int
@@ -1336,106 +883,10 @@ TEST(LoadRejects, IntegerOutOfRange) {
   }
 }
 
-TEST(LoadRejects, BadDevice) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][0]["meta"]["val"]["tensors"][0]["device"] = "gpu:x";
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 0) +
-                               "node %x (nodes[0]): meta.val.tensors[0].device: 'gpu:x' is not "
-                               "a device");
-}
-
-TEST(LoadRejects, ValueMetaWithTheWrongTensorCount) {
-  std::string b = with_json(valid(), [](Json& d) { d["nodes"][0]["meta"]["val"]["tensors"] = Json::array(); });
-  EXPECT_EQ(load_error(b), at_node(b, 0) +
-                               "node %x (nodes[0]): meta.val.tensors: a value of kind 'tensor' "
-                               "has 1 tensor(s), not 0");
-}
-
-TEST(LoadRejects, StackFrameWithANegativeLine) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][3]["meta"]["stack_trace"] =
-        Json::array({{{"file", "a.cpp"}, {"line", -1}, {"function", "f"}}});
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): meta.stack_trace[0].line: expected a "
-                               "non-negative integer, got -1");
-}
-
-TEST(LoadRejects, StackFrameLineBeyondInt) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][3]["meta"]["stack_trace"] =
-        Json::array({{{"file", "a.cpp"}, {"line", int64_t{1} << 31}, {"function", "f"}}});
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): meta.stack_trace[0].line: line number too "
-                               "large");
-}
-
-TEST(LoadRejects, OutputReturningANonTensor) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["nodes"][7]["args"][0][0] = {{"node", "topk"}};
-  });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
-                               ": lint: output %output returns node %topk; results must be "
-                               "Tensor nodes or none");
-}
-
 // Specs --------------------------------------------------------------------------
-
-TEST(LoadRejects, UnknownSpecKind) {
-  std::string b = with_json(valid(), [](Json& d) { d["in_spec"]["children"][0]["kind"] = "set"; });
-  uint64_t at = TcgFile::parse(b).json.find("\"in_spec\"") + kJson + 10;
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte " + std::to_string(at) + ": 'in_spec': children[0].kind: unknown spec kind 'set'");
-}
-
-TEST(LoadRejects, DictSpecWithMixedKeys) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["out_spec"] = {{"kind", "dict"},
-                     {"keys", {"a", 1}},
-                     {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
-  });
-  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + kJson + 11;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(at) +
-                               ": 'out_spec': keys[1]: dict keys are all strings or all integers");
-}
-
-TEST(LoadRejects, DictSpecWithADuplicateKey) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["out_spec"] = {{"kind", "dict"},
-                     {"keys", {"a", "a"}},
-                     {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
-  });
-  uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + kJson + 11;
-  EXPECT_EQ(load_error(b),
-            "f.tcg: byte " + std::to_string(at) + ": 'out_spec': keys[1]: the key appears twice");
-}
-
-TEST(LoadRejects, SpecThatDoesNotMatchThePlaceholders) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["in_spec"] = {{"kind", "tuple"}, {"children", Json::array()}};
-  });
-  uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(nodes) +
-                               ": lint: the graph has 1 placeholders but the input spec () has 0 "
-                               "tensors");
-}
 
 // Regression inputs found by the fuzzer (fuzz/load_fuzzer.cpp), rebuilt as
 // text from the crashing files, each with the message it must give.
-
-// nlohmann::json stops at a NUL byte as if the text ended there: a JSON size
-// damaged to reach over the padding into the data loaded, the rest ignored.
-// Found by running the Python loader over the fuzzer's corpus and comparing.
-TEST(LoadRejects, FuzzNulByteInTheJson) {
-  TcgFile f = TcgFile::parse(valid());
-  const size_t end = f.json.size();
-  f.json += std::string(3, '\0') + "\x80?garbage";
-  EXPECT_EQ(load_error(f.bytes()),
-            "f.tcg: byte " + std::to_string(kJson + end) + ": the JSON section contains a NUL byte");
-}
 
 // A number too large for a double made nlohmann::json throw out_of_range,
 // which is not a parse_error, and escaped the loader (crash-9b028953...).
@@ -1460,24 +911,6 @@ TEST(LoadVersion11, RejectsWhatOnlyLaterVersionsHave) {
   EXPECT_EQ(load_error(code), at_node(code, 3) +
                                   "node %add (nodes[3]): meta.stack_trace[0]: unknown key 'code' in "
                                   "a file of version 1.1 (version 1.2 added it)");
-}
-
-TEST(LoadRejects, ModuleStackOutOfRange) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["module_stacks"] = {{{{"path", "a"}, {"type", "A"}}}};
-    d["nodes"][3]["meta"] = {{"module_stack", 1}};
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 3) +
-                               "node %add (nodes[3]): meta.module_stack: module stack 1 is not in "
-                               "the module stack table of 1");
-}
-
-TEST(LoadRejects, ModuleFrameWithoutAType) {
-  std::string b = with_json(valid(), [](Json& d) {
-    d["module_stacks"] = {{{{"path", "a"}, {"type", "A"}}, {{"path", "a.b"}}}};
-  });
-  EXPECT_EQ(load_error(b), "f.tcg: byte " + std::to_string(element_byte(b, "module_stacks", 0)) +
-                               ": module_stacks[0]: [1]: missing 'type'");
 }
 
 // Note [Reading the nodes one at a time]: a key the scan cannot recognise
@@ -1680,17 +1113,6 @@ INSTANTIATE_TEST_SUITE_P(IssueFortyTwo, HostileArguments, ::testing::ValuesIn(kH
                            return std::string(info.param.what);
                          });
 
-TEST(LoadRejects, TrustingKernelWhoseInputHasNoRecordedShape) {
-  GraphModule gm = one_call("aten::_reshape_alias", {shape({2, 3})}, [](const std::vector<Node*>& x) {
-    return ArgumentList{x[0], ArgumentList{3, 2}, ArgumentList{2, 1}};
-  });
-  std::string b = with_json(save_to_string(gm), [](Json& d) { d["nodes"][0].erase("meta"); });
-  EXPECT_EQ(load_error(b), at_node(b, 1) +
-                               "node %call (nodes[1]): argument 'self' of aten::_reshape_alias is "
-                               "%x0, whose shape the file does not record; the loader checks this "
-                               "operator's arguments against it, as its kernel does not");
-}
-
 TEST(LoadRejects, TrustingKernelsOnShapesTheyDoNotSurvive) {
   // Found by the structure-aware fuzzer: a batch of 0 (SIGFPE, SIGSEGV), and
   // embedding_bag in mode max without a bag (SIGSEGV).
@@ -1746,33 +1168,6 @@ GraphModule recorded_mm() {
                             [](const std::vector<Node*>& x) { return ArgumentList{x[0], x[1]}; });
   gm.graph().find("call")->meta().val = ValueMeta::tensor(shape({2, 4}));
   return gm;
-}
-
-TEST(LoadRejects, InputShapesAKernelRefuses) {
-  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
-    d["nodes"][1]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({5, 4});
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 2) +
-                               "node %call (nodes[2]): aten::mm fails on the recorded shapes: "
-                               "mat1 and mat2 shapes cannot be multiplied (2x3 and 5x4)");
-}
-
-TEST(LoadRejects, RecordedShapeThatIsNotTheKernels) {
-  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
-    d["nodes"][2]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({2, 5});
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 2) +
-                               "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
-                               "shapes, but the file records f32[2, 5]");
-}
-
-TEST(LoadRejects, RecordedDtypeThatIsNotTheKernels) {
-  std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
-    d["nodes"][2]["meta"]["val"]["tensors"][0]["dtype"] = "float64";
-  });
-  EXPECT_EQ(load_error(b), at_node(b, 2) +
-                               "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
-                               "shapes, but the file records f64[2, 4]");
 }
 
 TEST(LoadRejects, WriteOfAnotherShapeIntoABuffer) {
@@ -1965,46 +1360,6 @@ TEST(Weightless, RunningUnboundWeightsIsRefused) {
   EXPECT_EQ(out.sizes(), c10::IntArrayRef({2, 2}));
 }
 
-TEST(LoadRejects, WeightlessThatIsNotTrue) {
-  std::string b = save_to_string(testing::weightless_module());
-  std::string f = with_json(b, [](Json& d) { d["tensors"][0]["weightless"] = false; });
-  EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): weightless: expected true, "
-                                             "got false");
-}
-
-TEST(LoadRejects, WeightlessTensorWithBytes) {
-  std::string b = save_to_string(testing::weightless_module());
-  std::string f = with_json(b, [](Json& d) { d["tensors"][0]["offset"] = 0; });
-  EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): offset: a weightless tensor "
-                                             "has no bytes in the file, so no 'offset'");
-}
-
-TEST(LoadRejects, WeightlessTensorOfAQuantizedDtype) {
-  std::string b = save_to_string(testing::weightless_module());
-  std::string f = with_json(b, [](Json& d) { d["tensors"][0]["dtype"] = "qint8"; });
-  EXPECT_EQ(load_error(f), at_tensor(f, 0) + "tensor 'w' (tensors[0]): dtype: tensors of dtype "
-                                             "qint8 cannot be stored in the data section");
-}
-
-TEST(LoadRejects, WeightlessSizesThatOverflow) {
-  std::string b = save_to_string(testing::weightless_module());
-  std::string f = with_json(b, [](Json& d) {
-    d["tensors"][0]["sizes"] = {int64_t{1} << 40, int64_t{1} << 40};
-    d["tensors"][0]["strides"] = {int64_t{1} << 40, 1};
-  });
-  EXPECT_EQ(load_error(f), at_tensor(f, 0) +
-                               "tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with "
-                               "strides [1099511627776, 1] span more bytes than 64 bits can count");
-}
-
-TEST(LoadRejects, WeightlessTensorInAFileOfVersion12) {
-  std::string b = save_to_string(testing::weightless_module());
-  TcgFile::put_header(b, 10, 2, 2);
-  EXPECT_EQ(load_error(b), at_tensor(b, 0) +
-                               "tensors[0]: unknown key 'weightless' in a file of version 1.2 "
-                               "(version 1.3 added it)");
-}
-
 // Note [Writing the nodes as text] in writer.cpp: the nodes, written straight
 // as text, are byte for byte what nlohmann::json would dump, also for strings
 // that need escapes or are beyond ASCII, and for floats of every kind.
@@ -2030,6 +1385,742 @@ TEST(Save, NodesAreTheTextNlohmannJsonWouldDump) {
   EXPECT_NE(f.json.find(R"({"float":"-inf"})"), std::string::npos);
   EXPECT_NE(f.json.find(R"("tr\"u\\n\nc)"), std::string::npos);
 }
+
+
+// Note [One table of rejected files]: each row makes a damaged file from a
+// valid one and gives the loader's whole message for it; cases that need more
+// than that (a missing file, a FIFO, a file that loads) are tests of their own.
+struct Rejected {
+  std::string bytes;
+  std::string message;
+};
+
+struct RejectCase {
+  const char* name;
+  Rejected (*make)();
+};
+
+const RejectCase kRejectCases[] = {
+    {"WrongMagic",
+     [] {
+       std::string b = valid();
+       b[1] = 'X';
+       return Rejected{b,
+                       "f.tcg: byte 0: not a torchcap graph file (the first 8 bytes are not the .tcg magic)"};
+     }},
+    {"TruncatedHeader",
+     [] {
+       return Rejected{valid().substr(0, 20),
+                       "f.tcg: byte 20: the file ends after 20 bytes, inside the 64-byte header"};
+     }},
+    {"TruncatedHeaderOfVersion11",
+     [] {
+       return Rejected{valid().substr(0, 70),
+                       "f.tcg: byte 70: the file ends after 70 bytes, inside the 72-byte header of version 1.2"};
+     }},
+    {"NewerMajorVersion",
+     [] {
+       std::string b = valid();
+       TcgFile::put_header(b, 8, 2, 2);
+       return Rejected{b,
+                       "f.tcg: byte 8: format version 2.2 is not supported; this torchcap reads version 1.x"};
+     }},
+    {"HeaderSizeOutOfRange",
+     [] {
+       std::string b = valid();
+       TcgFile::put_header(b, 12, 32, 4);
+       return Rejected{b,
+                       "f.tcg: byte 12: header size 32 is not 72, the header size of version 1.2"};
+     }},
+    {"TruncatedFile",
+     [] {
+       std::string b = valid();
+       std::string cut = b.substr(0, b.size() - 3);
+       return Rejected{cut,
+                       "f.tcg: byte 16: the header gives the file size as " +
+                                 std::to_string(b.size()) + " bytes but the file has " +
+                                 std::to_string(cut.size()) + " (truncated)"};
+     }},
+    {"TrailingBytes",
+     [] {
+       std::string b = valid();
+       return Rejected{b + "xx",
+                       "f.tcg: byte 16: the header gives the file size as " +
+                                      std::to_string(b.size()) + " bytes but the file has " +
+                                      std::to_string(b.size() + 2) + " (trailing bytes)"};
+     }},
+    {"WrongAlignment",
+     [] {
+       std::string b = valid();
+       TcgFile::put_header(b, 56, 16, 4);
+       return Rejected{b,
+                       "f.tcg: byte 56: alignment 16 is not 64"};
+     }},
+    {"UnknownFlags",
+     [] {
+       std::string b = valid();
+       TcgFile::put_header(b, 60, 4, 4);
+       return Rejected{b,
+                       "f.tcg: byte 60: unknown flags 0x4 for version 1.2"};
+     }},
+    {"JsonOffsetInsideTheHeader",
+     [] {
+       std::string b = valid();
+       TcgFile::put_header(b, 24, 8, 8);
+       return Rejected{b,
+                       "f.tcg: byte 24: the JSON section's offset 8 is not between the end of the header "
+            "and the end of the file"};
+     }},
+    {"JsonSizePastTheEnd",
+     [] {
+       std::string b = valid();
+       TcgFile::put_header(b, 32, uint64_t{1} << 62, 8);
+       return Rejected{b,
+                       "f.tcg: byte 32: the JSON section [72, +4611686018427387904) extends "
+                           "past the end of the file at " +
+                               std::to_string(b.size())};
+     }},
+    {"UnalignedDataSection",
+     [] {
+       std::string b = valid();
+       TcgFile f = TcgFile::parse(b);
+       TcgFile::put_header(b, 40, f.data_offset + 8, 8);
+       return Rejected{b,
+                       "f.tcg: byte 40: the data section's offset " +
+                               std::to_string(f.data_offset + 8) +
+                               " is not a multiple of 64 between the end of the JSON section at " +
+                               std::to_string(kJson + f.json.size()) + " and the end of the file"};
+     }},
+    {"DataSizePastTheEnd",
+     [] {
+       std::string b = valid();
+       TcgFile f = TcgFile::parse(b);
+       TcgFile::put_header(b, 48, f.data.size() + 64, 8);
+       return Rejected{b,
+                       "f.tcg: byte 48: the data section [" + std::to_string(f.data_offset) +
+                               ", +" + std::to_string(f.data.size() + 64) +
+                               ") extends past the end of the file at " +
+                               std::to_string(b.size())};
+     }},
+    {"JsonNestedTooDeep",
+     [] {
+       TcgFile f = TcgFile::parse(valid());
+       f.json = "{\"nodes\": " + std::string(70, '[') + std::string(70, ']') + "}";
+       return Rejected{f.bytes(),
+                       "f.tcg: byte 145: the JSON nests deeper than 64 levels"};
+     }},
+    {"JsonNotAnObject",
+     [] {
+       TcgFile f = TcgFile::parse(valid());
+       f.json = "[1, 2]";
+       return Rejected{f.bytes(),
+                       "f.tcg: byte 72: the JSON section must hold an object, not an array"};
+     }},
+    {"MissingSection",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d.erase("nodes"); });
+       return Rejected{b,
+                       "f.tcg: byte 72: the JSON section has no 'nodes'"};
+     }},
+    {"UnknownTopLevelKey",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["extra"] = 1; });
+       return Rejected{b,
+                       "f.tcg: byte 72: unknown key 'extra'"};
+     }},
+    {"SignatureThatIsNotAnObject",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["signature"] = 3; });
+       uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) + ": 'signature': expected an object, got an integer"};
+     }},
+    {"SignatureWithAnUnknownKey",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["signature"] = {{"inputs", Json::array()}}; });
+       uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) + ": 'signature': unknown key 'inputs'"};
+     }},
+    {"UnknownOutputKind",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["signature"] = {{"outputs", {{{"kind", "gradient"}, {"target", ""}}}}};
+       });
+       uint64_t at = TcgFile::parse(b).json.find("\"signature\"") + kJson + 12;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) +
+                               ": 'signature': outputs[0].kind: unknown output kind 'gradient'"};
+     }},
+    {"MutationOfAnAttributeThatIsNoBuffer",
+     [] {
+       // Two outputs: the user's, and a write to a buffer the module does not have.
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][7]["args"][0].push_back({{"node", "where"}});
+         d["signature"] = {{"outputs",
+                            {{{"kind", "user"}, {"target", ""}},
+                             {{"kind", "buffer_mutation"}, {"target", "running_mean"}}}}};
+       });
+       uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: output 1 (buffer mutation of 'running_mean') names no "
+                               "parameter or buffer"};
+     }},
+    {"UnknownDtype",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["dtype"] = "float31"; });
+       return Rejected{b,
+                       at_tensor(b, 0) + "tensor 'w' (tensors[0]): dtype: unknown dtype 'float31'"};
+     }},
+    {"QuantizedDtypeInTheTable",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["dtype"] = "qint8"; });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): dtype: tensors of dtype qint8 cannot be "
+                               "stored in the data section"};
+     }},
+    {"LengthInconsistentWithShape",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["sizes"] = {2, 4}; });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): length: byte length 24 does not match "
+                               "dtype float32, sizes [2, 4] and strides [3, 1], which span 28 bytes"};
+     }},
+    {"LengthInconsistentWithStrides",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["strides"] = {1, 1}; });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): length: byte length 24 does not match "
+                               "dtype float32, sizes [2, 3] and strides [1, 1], which span 16 bytes"};
+     }},
+    {"StridesForTheWrongNumberOfDimensions",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["strides"] = {1}; });
+       return Rejected{b,
+                       at_tensor(b, 0) + "tensor 'w' (tensors[0]): strides: 1 strides for 2 dimensions"};
+     }},
+    {"NegativeSize",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["sizes"] = {-2, 3}; });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): sizes[0]: expected a non-negative "
+                               "integer, got -2"};
+     }},
+    {"SizesThatOverflow",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["tensors"][0]["sizes"] = {int64_t{1} << 40, int64_t{1} << 40};
+         d["tensors"][0]["strides"] = {int64_t{1} << 40, 1};
+       });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                "tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with strides "
+                "[1099511627776, 1] span more bytes than 64 bits can count"};
+     }},
+    {"TooManyDimensions",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["tensors"][0]["sizes"] = std::vector<int64_t>(65, 1);
+       });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): sizes: 65 dimensions; the format allows "
+                               "at most 64"};
+     }},
+    {"UnalignedTensorOffset",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 8; });
+       return Rejected{b,
+                       at_tensor(b, 1) +
+                               "tensor 'mask' (tensors[1]): offset: offset 8 is not a multiple of 64"};
+     }},
+    {"TensorPastTheDataSection",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 640; });
+       TcgFile f = TcgFile::parse(b);
+       return Rejected{b,
+                       at_tensor(b, 1) +
+                               "tensor 'mask' (tensors[1]): bytes [640, 643) of the data section "
+                               "extend past its end at " +
+                               std::to_string(f.data.size())};
+     }},
+    {"OverlappingTensors",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["offset"] = 0; });
+       return Rejected{b,
+                       at_tensor(b, 1) +
+                               "tensor 'mask' (tensors[1]): its bytes overlap those of tensor 'w'"};
+     }},
+    {"DuplicateTensorName",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][1]["name"] = "w"; });
+       return Rejected{b,
+                       at_tensor(b, 1) + "tensor 'w' (tensors[1]): name: a second tensor has this name"};
+     }},
+    {"BoolThatIsNeitherZeroNorOne",
+     [] {
+       TcgFile f = TcgFile::parse(valid());
+       f.data[Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>() + 2] = 7;
+       std::string b = f.bytes();  // with the checksum of the bytes as they are now
+       f = TcgFile::parse(b);
+       uint64_t at = f.data_offset + Json::parse(f.json)["tensors"][1]["offset"].get<uint64_t>() + 2;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) +
+                               ": tensor 'mask' (tensors[1]): bool byte 7 is neither 0 nor 1"};
+     }},
+    {"DamagedHeader",
+     [] {
+       std::string b = valid();
+       uint32_t recorded = static_cast<uint32_t>(TcgFile::get(b, 68, 4));
+       b[60] ^= 0x01;  // the flags: caught by the checksum before the flags check
+       char computed[9];
+       std::snprintf(computed, sizeof computed, "%08x",
+                     TcgFile::crc(b.substr(0, 68)));  // the header is 72 bytes: no more to cover
+       char expected[9];
+       std::snprintf(expected, sizeof expected, "%08x", recorded);
+       return Rejected{b,
+                       std::string("f.tcg: byte 68: the header is damaged: its CRC-32 is 0x") +
+                               computed + ", the header records 0x" + expected};
+     }},
+    {"MissingTensorChecksum",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0].erase("crc32"); });
+       return Rejected{b,
+                       at_tensor(b, 0) + "tensor 'w' (tensors[0]): missing 'crc32'"};
+     }},
+    {"TensorChecksumBeyond32Bits",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0]["crc32"] = uint64_t{1} << 32; });
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensor 'w' (tensors[0]): crc32: CRC-32 4294967296 does not fit "
+                               "in 32 bits"};
+     }},
+    {"MissingTensorField",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["tensors"][0].erase("strides"); });
+       return Rejected{b,
+                       at_tensor(b, 0) + "tensor 'w' (tensors[0]): missing 'strides'"};
+     }},
+    {"AttributeTensorIndexOutOfRange",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["tensor"] = 9; });
+       return Rejected{b,
+                       at_attribute(b, 0) +
+                               "attribute 'w' (attributes[0]): tensor: tensor index 9 is not in "
+                               "the tensor table of 2"};
+     }},
+    {"DuplicateAttributeName",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["attributes"][1]["name"] = "w"; });
+       return Rejected{b,
+                       at_attribute(b, 1) +
+                               "attribute 'w' (attributes[1]): name: a second attribute has this "
+                               "name"};
+     }},
+    {"UnknownAttributeKind",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["kind"] = "weight"; });
+       return Rejected{b,
+                       at_attribute(b, 0) +
+                               "attribute 'w' (attributes[0]): kind: unknown attribute kind "
+                               "'weight'"};
+     }},
+    {"AttributeNameWithAnEmptyPart",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["attributes"][0]["name"] = "a..b"; });
+       return Rejected{b,
+                       at_attribute(b, 0) +
+                               "attribute 'a..b' (attributes[0]): name: the name is not a dotted "
+                               "path of non-empty parts"};
+     }},
+    {"GetAttrOfAMissingAttribute",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["attributes"].erase(1); });
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8) +
+                ": lint: get_attr %mask reads attribute 'mask', which the GraphModule does not "
+                "have"};
+     }},
+    {"UnknownOperator",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "aten::frobnicate"; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): call_function: no operator "
+                               "aten::frobnicate is registered"};
+     }},
+    {"UnknownOverload",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "aten::add.Nope"; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): call_function: no operator aten::add.Nope "
+                               "is registered"};
+     }},
+    {"TargetThatIsNotAQualifiedName",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "add"; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): 'add' is not a qualified operator name; "
+                               "expected namespace::name[.overload], e.g. aten::add.Tensor"};
+     }},
+    {"ArgumentsThatDoNotFitTheSchema",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["args"][1] = "two"; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): argument 'other' of aten::add.Tensor "
+                               "expects Tensor, got str"};
+     }},
+    {"UnknownKeywordArgument",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][3]["kwargs"] = Json::array({Json::array({"beta", 2})});
+       });
+       return Rejected{b,
+                       at_node(b, 3) + "node %add (nodes[3]): aten::add.Tensor has no argument named 'beta'"};
+     }},
+    {"DuplicateNodeName",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "w"; });
+       return Rejected{b,
+                       at_node(b, 3) + "node %w (nodes[3]): name: duplicate or invalid node name 'w'"};
+     }},
+    {"InvalidNodeName",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "not valid"; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %not valid (nodes[3]): name: duplicate or invalid node name "
+                               "'not valid'"};
+     }},
+    {"ReservedNodeName",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["name"] = "self"; });
+       return Rejected{b,
+                       at_node(b, 3) + "node %self (nodes[3]): name: duplicate or invalid node name 'self'"};
+     }},
+    {"ReferenceToALaterNode",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["args"][0] = {{"node", "where"}}; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): args[0].node: %where is not a node defined "
+                               "before this one"};
+     }},
+    {"UnknownOpcode",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["op"] = "call_module"; });
+       return Rejected{b,
+                       at_node(b, 3) + "node %add (nodes[3]): op: unknown opcode 'call_module'"};
+     }},
+    {"NodeAfterTheOutput",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         Json extra = d["nodes"][3];
+         extra["name"] = "late";
+         d["nodes"].push_back(extra);
+       });
+       return Rejected{b,
+                       at_node(b, 8) + "node %late (nodes[8]): the node comes after the output node"};
+     }},
+    {"NoOutput",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"].erase(7); });
+       uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(nodes) + ": 'nodes': the graph has no output node"};
+     }},
+    {"PlaceholderAfterAnotherNode",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         Json ph = d["nodes"][0];
+         d["nodes"].erase(0);
+         d["nodes"].insert(d["nodes"].begin() + 2, ph);
+       });
+       uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: placeholder %x comes after non-placeholder nodes"};
+     }},
+    {"GetItemWithBadArguments",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][5]["args"][1] = "zero"; });
+       return Rejected{b,
+                       at_node(b, 5) + "node %getitem (nodes[5]): args: getitem takes (node, index)"};
+     }},
+    {"GetItemOutOfRange",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][5]["args"][1] = 2; });
+       return Rejected{b,
+                       at_node(b, 5) +
+                               "node %getitem (nodes[5]): getitem index 2 is out of range for "
+                               "%topk, which has 2 values"};
+     }},
+    {"UnknownArgumentKind",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][4]["args"][1] = {{"complex", "1j"}}; });
+       return Rejected{b,
+                       at_node(b, 4) + "node %topk (nodes[4]): args[1]: unknown argument kind 'complex'"};
+     }},
+    {"TypedArgumentWithTwoKeys",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][4]["args"][1] = {{"float", "inf"}, {"node", "x"}};
+       });
+       return Rejected{b,
+                       at_node(b, 4) +
+                               "node %topk (nodes[4]): args[1]: a typed argument is an object "
+                               "with exactly one key"};
+     }},
+    {"FloatStringThatIsNotNonFinite",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["kwargs"][0][1] = {{"float", "1.5"}}; });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): kwargs[0][1].float: '1.5' is not inf, -inf, "
+                               "nan or the 0x bits of a NaN"};
+     }},
+    {"FiniteBitsWrittenAsString",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][3]["kwargs"][0][1] = {{"float", "0x3ff0000000000000"}};
+       });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): kwargs[0][1].float: '0x3ff0000000000000' is "
+                               "not inf, -inf, nan or the 0x bits of a NaN"};
+     }},
+    {"BadDevice",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][0]["meta"]["val"]["tensors"][0]["device"] = "gpu:x";
+       });
+       return Rejected{b,
+                       at_node(b, 0) +
+                               "node %x (nodes[0]): meta.val.tensors[0].device: 'gpu:x' is not "
+                               "a device"};
+     }},
+    {"ValueMetaWithTheWrongTensorCount",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][0]["meta"]["val"]["tensors"] = Json::array(); });
+       return Rejected{b,
+                       at_node(b, 0) +
+                               "node %x (nodes[0]): meta.val.tensors: a value of kind 'tensor' "
+                               "has 1 tensor(s), not 0"};
+     }},
+    {"StackFrameWithANegativeLine",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][3]["meta"]["stack_trace"] =
+             Json::array({{{"file", "a.cpp"}, {"line", -1}, {"function", "f"}}});
+       });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): meta.stack_trace[0].line: expected a "
+                               "non-negative integer, got -1"};
+     }},
+    {"StackFrameLineBeyondInt",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][3]["meta"]["stack_trace"] =
+             Json::array({{{"file", "a.cpp"}, {"line", int64_t{1} << 31}, {"function", "f"}}});
+       });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): meta.stack_trace[0].line: line number too "
+                               "large"};
+     }},
+    {"OutputReturningANonTensor",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["nodes"][7]["args"][0][0] = {{"node", "topk"}};
+       });
+       uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: output %output returns node %topk; results must be "
+                               "Tensor nodes or none"};
+     }},
+    {"UnknownSpecKind",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["in_spec"]["children"][0]["kind"] = "set"; });
+       uint64_t at = TcgFile::parse(b).json.find("\"in_spec\"") + kJson + 10;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) + ": 'in_spec': children[0].kind: unknown spec kind 'set'"};
+     }},
+    {"DictSpecWithMixedKeys",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["out_spec"] = {{"kind", "dict"},
+                          {"keys", {"a", 1}},
+                          {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
+       });
+       uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + kJson + 11;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) +
+                               ": 'out_spec': keys[1]: dict keys are all strings or all integers"};
+     }},
+    {"DictSpecWithADuplicateKey",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["out_spec"] = {{"kind", "dict"},
+                          {"keys", {"a", "a"}},
+                          {"children", {{{"kind", "leaf"}}, {{"kind", "none"}}}}};
+       });
+       uint64_t at = TcgFile::parse(b).json.find("\"out_spec\"") + kJson + 11;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) + ": 'out_spec': keys[1]: the key appears twice"};
+     }},
+    {"SpecThatDoesNotMatchThePlaceholders",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["in_spec"] = {{"kind", "tuple"}, {"children", Json::array()}};
+       });
+       uint64_t nodes = TcgFile::parse(b).json.find("\"nodes\"") + kJson + 8;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(nodes) +
+                               ": lint: the graph has 1 placeholders but the input spec () has 0 "
+                               "tensors"};
+     }},
+    // nlohmann::json stops at a NUL byte as if the text ended there: a JSON size
+    // damaged to reach over the padding into the data loaded, the rest ignored.
+    // Found by running the Python loader over the fuzzer's corpus and comparing.
+    {"FuzzNulByteInTheJson",
+     [] {
+       TcgFile f = TcgFile::parse(valid());
+       const size_t end = f.json.size();
+       f.json += std::string(3, '\0') + "\x80?garbage";
+       return Rejected{f.bytes(),
+                       "f.tcg: byte " + std::to_string(kJson + end) + ": the JSON section contains a NUL byte"};
+     }},
+    {"ModuleStackOutOfRange",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["module_stacks"] = {{{{"path", "a"}, {"type", "A"}}}};
+         d["nodes"][3]["meta"] = {{"module_stack", 1}};
+       });
+       return Rejected{b,
+                       at_node(b, 3) +
+                               "node %add (nodes[3]): meta.module_stack: module stack 1 is not in "
+                               "the module stack table of 1"};
+     }},
+    {"ModuleFrameWithoutAType",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) {
+         d["module_stacks"] = {{{{"path", "a"}, {"type", "A"}}, {{"path", "a.b"}}}};
+       });
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(element_byte(b, "module_stacks", 0)) +
+                               ": module_stacks[0]: [1]: missing 'type'"};
+     }},
+    {"TrustingKernelWhoseInputHasNoRecordedShape",
+     [] {
+       GraphModule gm = one_call("aten::_reshape_alias", {shape({2, 3})}, [](const std::vector<Node*>& x) {
+         return ArgumentList{x[0], ArgumentList{3, 2}, ArgumentList{2, 1}};
+       });
+       std::string b = with_json(save_to_string(gm), [](Json& d) { d["nodes"][0].erase("meta"); });
+       return Rejected{b,
+                       at_node(b, 1) +
+                               "node %call (nodes[1]): argument 'self' of aten::_reshape_alias is "
+                               "%x0, whose shape the file does not record; the loader checks this "
+                               "operator's arguments against it, as its kernel does not"};
+     }},
+    {"InputShapesAKernelRefuses",
+     [] {
+       std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+         d["nodes"][1]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({5, 4});
+       });
+       return Rejected{b,
+                       at_node(b, 2) +
+                               "node %call (nodes[2]): aten::mm fails on the recorded shapes: "
+                               "mat1 and mat2 shapes cannot be multiplied (2x3 and 5x4)"};
+     }},
+    {"RecordedShapeThatIsNotTheKernels",
+     [] {
+       std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+         d["nodes"][2]["meta"]["val"]["tensors"][0]["sizes"] = Json::array({2, 5});
+       });
+       return Rejected{b,
+                       at_node(b, 2) +
+                               "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
+                               "shapes, but the file records f32[2, 5]"};
+     }},
+    {"RecordedDtypeThatIsNotTheKernels",
+     [] {
+       std::string b = with_json(save_to_string(recorded_mm()), [](Json& d) {
+         d["nodes"][2]["meta"]["val"]["tensors"][0]["dtype"] = "float64";
+       });
+       return Rejected{b,
+                       at_node(b, 2) +
+                               "node %call (nodes[2]): aten::mm gives f32[2, 4] on the recorded "
+                               "shapes, but the file records f64[2, 4]"};
+     }},
+    {"WeightlessThatIsNotTrue",
+     [] {
+       std::string b = save_to_string(testing::weightless_module());
+       std::string f = with_json(b, [](Json& d) { d["tensors"][0]["weightless"] = false; });
+       return Rejected{f,
+                       at_tensor(f, 0) + "tensor 'w' (tensors[0]): weightless: expected true, "
+                                             "got false"};
+     }},
+    {"WeightlessTensorWithBytes",
+     [] {
+       std::string b = save_to_string(testing::weightless_module());
+       std::string f = with_json(b, [](Json& d) { d["tensors"][0]["offset"] = 0; });
+       return Rejected{f,
+                       at_tensor(f, 0) + "tensor 'w' (tensors[0]): offset: a weightless tensor "
+                                             "has no bytes in the file, so no 'offset'"};
+     }},
+    {"WeightlessTensorOfAQuantizedDtype",
+     [] {
+       std::string b = save_to_string(testing::weightless_module());
+       std::string f = with_json(b, [](Json& d) { d["tensors"][0]["dtype"] = "qint8"; });
+       return Rejected{f,
+                       at_tensor(f, 0) + "tensor 'w' (tensors[0]): dtype: tensors of dtype "
+                                             "qint8 cannot be stored in the data section"};
+     }},
+    {"WeightlessSizesThatOverflow",
+     [] {
+       std::string b = save_to_string(testing::weightless_module());
+       std::string f = with_json(b, [](Json& d) {
+         d["tensors"][0]["sizes"] = {int64_t{1} << 40, int64_t{1} << 40};
+         d["tensors"][0]["strides"] = {int64_t{1} << 40, 1};
+       });
+       return Rejected{f,
+                       at_tensor(f, 0) +
+                               "tensor 'w' (tensors[0]): sizes [1099511627776, 1099511627776] with "
+                               "strides [1099511627776, 1] span more bytes than 64 bits can count"};
+     }},
+    {"WeightlessTensorInAFileOfVersion12",
+     [] {
+       std::string b = save_to_string(testing::weightless_module());
+       TcgFile::put_header(b, 10, 2, 2);
+       return Rejected{b,
+                       at_tensor(b, 0) +
+                               "tensors[0]: unknown key 'weightless' in a file of version 1.2 "
+                               "(version 1.3 added it)"};
+     }},
+};
+
+class RejectedFiles : public ::testing::TestWithParam<RejectCase> {};
+
+TEST_P(RejectedFiles, LoadNamesTheProblemAndWhereItIs) {
+  Rejected r = GetParam().make();
+  EXPECT_EQ(load_error(r.bytes), r.message);
+}
+
+INSTANTIATE_TEST_SUITE_P(Load, RejectedFiles, ::testing::ValuesIn(kRejectCases),
+                         [](const ::testing::TestParamInfo<RejectCase>& info) {
+                           return std::string(info.param.name);
+                         });
 
 }  // namespace
 }  // namespace torchcap
