@@ -106,5 +106,44 @@ TEST(PassManager, FixpointRoundsAreNamed) {
   }
 }
 
+// --- Passes by name ---------------------------------------------------------------
+
+TEST(PassesByName, RunTheNamedPassesInOrder) {
+  GraphModule gm = small_module();  // ph_0, cos, sin, sin_1, add, output
+  PassManager pm = passes_by_name({"cse"});
+  EXPECT_EQ(pm.names(), std::vector<std::string>{"cse"});
+  EXPECT_TRUE(pm.run(gm));
+  EXPECT_EQ(gm.graph().size(), 6u);  // cse leaves the duplicate sin without users
+  EXPECT_TRUE(passes_by_name({"dce"}).run(gm));
+  EXPECT_EQ(gm.graph().size(), 4u);  // ph_0, sin, add, output
+}
+
+TEST(PassesByName, APipelineRunsItsPassesToAFixpoint) {
+  GraphModule gm = small_module();
+  PassManager pm = passes_by_name({"cleanup"});
+  EXPECT_EQ(pm.names(), std::vector<std::string>{"cleanup"});
+  EXPECT_TRUE(pm.run(gm));
+  EXPECT_EQ(gm.graph().size(), 4u);
+  EXPECT_FALSE(pm.run(gm));
+}
+
+TEST(PassesByName, EveryPipelineNamesRegisteredPasses) {
+  for (const NamedPipeline& p : named_pipelines()) {
+    for (const std::string& step : p.passes) {
+      EXPECT_NO_THROW(passes_by_name({step})) << p.name << ": " << step;
+    }
+  }
+}
+
+TEST(PassesByName, AnUnknownNameIsRefusedWithTheNamesThereAre) {
+  try {
+    passes_by_name({"dce", "fold"});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "unknown pass 'fold'; the passes are: dce, cse, shapes, cleanup (pipeline)");
+  }
+}
+
 }  // namespace
 }  // namespace torchcap

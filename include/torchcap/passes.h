@@ -89,4 +89,29 @@ class PassManager {
 #endif
 };
 
+// --- Passes by name -------------------------------------------------------------
+// What the command's `trace --passes` and Python's `passes=` take: the name of
+// a pass or of a pipeline (named passes run to a fixpoint), comma-free.
+
+struct NamedPass {
+  std::string name;     // "dce"
+  std::string summary;  // one line, for --help
+  PassManager::PassFn run;
+};
+
+struct NamedPipeline {
+  std::string name;                 // "cleanup"
+  std::string summary;              // one line, for --help
+  std::vector<std::string> passes;  // run in order until none changes the module
+};
+
+// Every pass and pipeline that has a name, in the order --help lists them.
+const std::vector<NamedPass>& named_passes();
+const std::vector<NamedPipeline>& named_pipelines();
+
+// A pass manager that runs the passes and pipelines `names` gives, in order
+// (a pipeline as one step that runs its passes to a fixpoint). Throws Error
+// naming a name that is neither, with the names there are.
+PassManager passes_by_name(const std::vector<std::string>& names);
+
 }  // namespace torchcap

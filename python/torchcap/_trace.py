@@ -191,8 +191,10 @@ def _check_args(args, kwargs):
 
 def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
              allow_data_dependent_values, record_stack_traces, meta=False,
-             refuse_out_into_inputs=False):
+             refuse_out_into_inputs=False, passes=None):
     _require_C()
+    if isinstance(passes, str):
+        passes = [passes]
     if not callable(f):
         raise TypeError(f"torchcap: f must be an nn.Module or a callable, not a "
                         f"{type(f).__name__}")
@@ -235,6 +237,8 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
             if error is None:
                 raise
             raise error.with_traceback(e.__traceback__) from None
+        if passes:
+            graph = graph.with_passes(list(passes))
         gm = _to_fx(graph, kwargs)
     # Plain attributes, set in the instance's __dict__ as nn.Module would set
     # them; its __setattr__ would attach the attributes first (Note
@@ -264,7 +268,7 @@ def _argument_specs(args, kwargs):
 
 
 def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,
-          allow_data_dependent_values=False, record_stack_traces=True, meta=False):
+          allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None):
     """Runs f(*args, **kwargs) once and returns the aten operators it ran as a torch.fx.GraphModule.
 
     f: an nn.Module or any callable. Its parameters and buffers (those of the
@@ -288,25 +292,28 @@ def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_m
     which stand for CPU tensors; f sees tensors on the devices the real
     program would use. Operators without a meta kernel, and those whose
     result depends on values (.item(), nonzero), raise TraceError.
+    passes: graph passes run on the trace, in order, by name: "dce", "cse",
+    "shapes", or the pipeline "cleanup" (cse and dce until neither changes
+    the graph); one name or a list. torchcap.Error names an unknown one.
 
     Raises TraceError when the program cannot be traced; exceptions f raises
     propagate unchanged.
     """
     return _capture(f, args, kwargs, False, inference, preserve, allow_input_mutation,
-                    allow_data_dependent_values, record_stack_traces, meta)
+                    allow_data_dependent_values, record_stack_traces, meta, passes=passes)
 
 
 def export(f, args, kwargs=None, *, inference=False, preserve=None,
-           allow_data_dependent_values=False, record_stack_traces=True, meta=False):
+           allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None):
     """trace, then dead-code elimination and a functionalizing re-trace.
 
     The graph has no in-place or view operators. Writes the program makes to
     its buffers (BatchNorm's running statistics in train mode) and inputs are
     extra outputs of the graph, written back when the module runs, so calling
-    the result has the program's effect. meta: as for trace.
+    the result has the program's effect. meta, passes: as for trace.
     """
     return _capture(f, args, kwargs, True, inference, preserve, True,
-                    allow_data_dependent_values, record_stack_traces, meta)
+                    allow_data_dependent_values, record_stack_traces, meta, passes=passes)
 
 
 def dispatch_trace(f, args):

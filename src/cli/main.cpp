@@ -109,6 +109,7 @@ struct TraceCommand {
   std::string preserve;  // comma-separated operator names
   bool do_export = false;
   bool keep_dead = false;
+  std::string passes = "dce";  // comma-separated pass and pipeline names (passes.h)
   bool check = true;  // compare the graph with the model on the inputs
   bool meta = false;  // meta mode: shapes only, nothing computed, no check
   std::string output;
@@ -318,10 +319,10 @@ int cmd_trace(const TraceCommand& cmd) {
   auto t0 = Clock::now();
   GraphModule gm = trace_program(p, cmd, options);
   double trace_ms = ms_since(t0);
-  // What the program computed and never used (the empty tensors a BatchNorm
-  // decomposition makes for statistics eval mode does not keep, say) goes, as
-  // in export; --keep-dead shows the trace as recorded.
-  if (!cmd.keep_dead) eliminate_dead_code(gm.graph());
+  // By default what the program computed and never used (the empty tensors
+  // a BatchNorm decomposition makes for statistics eval mode does not keep,
+  // say) goes, as in export; --keep-dead shows the trace as recorded.
+  if (!cmd.keep_dead) passes_by_name(split_commas(cmd.passes)).run(gm);
   gm.lint();
 
   std::optional<double> diff;
@@ -621,7 +622,22 @@ int main_impl(int argc, char** argv) {
   trace_cmd->add_flag("--inference", trace_args.inference, "trace under inference mode (keeps --preserve ops whole)");
   trace_cmd->add_option("--preserve", trace_args.preserve, "operators kept whole, e.g. aten::linear,aten::layer_norm");
   trace_cmd->add_flag("--export", trace_args.do_export, "functionalize: no mutation, no views; writes become outputs");
-  trace_cmd->add_flag("--keep-dead", trace_args.keep_dead, "keep what the program computed and never used (removed by default)");
+  auto* keep_dead_flag = trace_cmd->add_flag(
+      "--keep-dead", trace_args.keep_dead,
+      "keep what the program computed and never used (removed by default): run no pass");
+  std::string passes_help = "passes run on the graph, in order (default dce):";
+  for (const NamedPass& p : named_passes()) passes_help += "\n  " + p.name + ": " + p.summary;
+  for (const NamedPipeline& p : named_pipelines()) passes_help += "\n  " + p.name + ": " + p.summary;
+  trace_cmd->add_option("--passes", trace_args.passes, passes_help)
+      ->excludes(keep_dead_flag)
+      ->check([](const std::string& list) {
+        try {
+          passes_by_name(split_commas(list));
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
   trace_cmd->add_flag("--no-check", no_check, "do not run the model and the graph to compare them");
   trace_cmd->add_flag("--meta", trace_args.meta,
                       "meta mode: compute shapes only, run no kernel and no check (inputs may be shapes)");

@@ -1,5 +1,7 @@
 #include <torchcap/passes.h>
 
+#include <algorithm>
+
 namespace torchcap {
 
 PassManager& PassManager::add(std::string name, PassFn pass) {
@@ -44,6 +46,68 @@ bool PassManager::run(GraphModule& gm) const {
     if (!changed) break;
   }
   return any;
+}
+
+}  // namespace torchcap
+
+namespace torchcap {
+
+const std::vector<NamedPass>& named_passes() {
+  static const std::vector<NamedPass> passes = {
+      {"dce", "remove what is computed and never used (eliminate_dead_code)",
+       [](GraphModule& gm) { return eliminate_dead_code(gm.graph()); }},
+      {"cse", "compute each repeated pure call once (eliminate_common_subexpressions)",
+       [](GraphModule& gm) { return eliminate_common_subexpressions(gm.graph()); }},
+      {"shapes", "recompute every node's dtype, shape and strides on meta tensors "
+                 "(propagate_shapes)",
+       [](GraphModule& gm) { return propagate_shapes(gm); }},
+  };
+  return passes;
+}
+
+const std::vector<NamedPipeline>& named_pipelines() {
+  static const std::vector<NamedPipeline> pipelines = {
+      {"cleanup", "cse, then dce, until neither changes the graph", {"cse", "dce"}},
+  };
+  return pipelines;
+}
+
+namespace {
+
+std::string known_names() {
+  std::string out;
+  for (const NamedPass& p : named_passes()) out += (out.empty() ? "" : ", ") + p.name;
+  for (const NamedPipeline& p : named_pipelines()) out += ", " + p.name + " (pipeline)";
+  return out;
+}
+
+const NamedPass* find_pass(const std::string& name) {
+  for (const NamedPass& p : named_passes()) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+PassManager passes_by_name(const std::vector<std::string>& names) {
+  PassManager pm;
+  for (const std::string& name : names) {
+    if (const NamedPass* p = find_pass(name)) {
+      pm.add(p->name, p->run);
+      continue;
+    }
+    auto pipeline = std::find_if(named_pipelines().begin(), named_pipelines().end(),
+                                 [&](const NamedPipeline& p) { return p.name == name; });
+    if (pipeline == named_pipelines().end()) {
+      throw Error("unknown pass '" + name + "'; the passes are: " + known_names());
+    }
+    PassManager inner;
+    for (const std::string& step : pipeline->passes) inner.add(step, find_pass(step)->run);
+    inner.until_fixpoint();
+    pm.add(pipeline->name, [inner](GraphModule& gm) { return inner.run(gm); });
+  }
+  return pm;
 }
 
 }  // namespace torchcap

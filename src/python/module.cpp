@@ -19,6 +19,7 @@
 #include <torchcap/error.h>
 #include <torchcap/export.h>
 #include <torchcap/graph_module.h>
+#include <torchcap/passes.h>
 #include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
 #include <torchcap/training.h>
@@ -1135,6 +1136,15 @@ PYBIND11_MODULE(_C, m) {
       .def("code_with_source", [](const GraphModule& gm) { return gm.str(true); })
       .def("training_signature", &signature_of)
       .def("written_inputs", &torchcap::detail::written_inputs)
+      // A copy with the named passes run on it (passes_by_name: the names
+      // the command's --passes takes).
+      .def("with_passes",
+           [](const GraphModule& gm, const std::vector<std::string>& names) {
+             PassManager pm = passes_by_name(names);
+             GraphModule copy = gm.clone();
+             pm.run(copy);  // with the GIL: "shapes" may reach meta kernels written in Python
+             return copy;
+           })
       // The C++ module is immutable once made: copies of a torch.fx module share it.
       .def("__copy__", [](py::object self) { return self; })
       .def("__deepcopy__", [](py::object self, py::object) { return self; })

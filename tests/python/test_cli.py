@@ -65,6 +65,22 @@ def test_trace_removes_dead_code_unless_asked_to_keep_it():
     assert trimmed["max_abs_diff"] <= 1e-5 and kept["max_abs_diff"] <= 1e-5
 
 
+def test_trace_runs_the_passes_named(tmp_path):
+    # --passes replaces the default (dce): cse alone leaves the dead statistics.
+    cse = json.loads(run("trace", "--example", "cnn_bn_eval", "--passes", "cse", "--json").stdout)
+    cleanup = json.loads(run("trace", "--example", "cnn_bn_eval", "--passes", "cleanup",
+                             "--json").stdout)
+    assert cse["ops"]["aten::empty.memory_format"] == 2
+    assert "aten::empty.memory_format" not in cleanup["ops"]
+    assert cse["max_abs_diff"] <= 1e-5 and cleanup["max_abs_diff"] <= 1e-5
+    bad = run("trace", "--example", "cnn_bn_eval", "--passes", "cse,fold", check=False)
+    assert bad.returncode != 0
+    assert "unknown pass 'fold'; the passes are: dce, cse, shapes, cleanup (pipeline)" in bad.stderr
+    both = run("trace", "--example", "cnn_bn_eval", "--passes", "dce", "--keep-dead", check=False)
+    assert both.returncode != 0 and "excludes" in both.stderr
+    assert "cleanup: cse, then dce" in run("trace", "--help").stdout
+
+
 def test_trace_export_is_functional(tmp_path):
     j = json.loads(run("trace", "--example", "cnn_bn_train", "--export", "--json",
                        "-o", tmp_path / "e.tcg").stdout)

@@ -115,6 +115,24 @@ def test_transformer_encoder_layer():
     check_model(layer, (torch.randn(2, 5, 32),))
 
 
+def test_passes_named_run_on_the_trace():
+    def f(x):
+        unused = x.cos()  # noqa: F841
+        return x.sin() + x.sin()
+    x = torch.randn(3)
+    assert op_histogram(torchcap.trace(f, (x,)))["sin"] == 2
+    gm = torchcap.trace(f, (x,), passes="cleanup")
+    assert op_histogram(gm)["sin"] == 1 and op_histogram(gm)["cos"] == 0
+    torch.testing.assert_close(gm(x), f(x))
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    gm = torchcap.export(model, (x,), passes=["cse", "dce", "shapes"])
+    with torch.no_grad():
+        torch.testing.assert_close(gm(x), model(x))
+    with pytest.raises(torchcap.Error, match="unknown pass 'fold'; the passes are: dce, cse"):
+        torchcap.trace(f, (x,), passes=["fold"])
+
+
 def test_inference_preserves_linear_and_layer_norm():
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).train()
     x = torch.randn(2, 5, 32)
