@@ -63,7 +63,7 @@ std::vector<at::Tensor> run(const InterpreterPlan& plan, const std::vector<at::T
 }
 
 // --- use_views_for_copies ------------------------------------------------------
-// Note [Views for copies in functional graphs]
+// Note [Views for copies in functional graphs] in src/runtime/plan_passes/views_for_copies.cpp
 
 struct Exported {
   at::Tensor w;
@@ -121,7 +121,7 @@ TEST(ViewsForCopies, NotForAnOutputNorInAPlannedPlan) {
 }
 
 // --- fold_views_of_attributes --------------------------------------------------
-// Note [Views of attributes, computed once]
+// Note [Views of attributes, computed once] in src/runtime/plan_passes/fold_views.cpp
 
 TEST(FoldViews, AViewOfAnAttributeBecomesAnAttribute) {
   at::Tensor w = at::randn({4, 3});
@@ -159,7 +159,7 @@ TEST(FoldViews, NotAViewOfAnInput) {
 }
 
 // --- use_tensor_forms_of_scalar_operators --------------------------------------
-// Note [Scalar operators as Tensor operators]
+// Note [Scalar operators as Tensor operators] in src/runtime/plan_passes/scalar_operators.cpp
 
 TEST(ScalarOperators, AConstantScalarIsMadeATensorOnce) {
   auto f = [](IValues in) { return c10::IValue(in[0].toTensor() * 0.1); };
@@ -195,7 +195,7 @@ TEST(ScalarOperators, NotForTensorOperandsNorInAPlannedPlan) {
 }
 
 // --- write_updates_in_place ----------------------------------------------------
-// Note [Updates written in place]
+// Note [Updates written in place] in src/runtime/plan_passes/updates_in_place.cpp
 
 // An exported graph that updates its buffer `buf` (initially 2) by `fn`.
 GraphModule updates_buffer(const std::function<c10::IValue(at::Tensor&, const at::Tensor&)>& fn) {
@@ -250,7 +250,7 @@ TEST(UpdatesInPlace, NotWhenTheNewValueIsAlsoReturned) {
 }
 
 // --- free_values_after_last_use ------------------------------------------------
-// Note [Freeing values after their last use]
+// Note [Freeing values after their last use] in src/runtime/plan_passes/frees.cpp
 
 TEST(Frees, EachValueIsReleasedAfterItsLastUse) {
   auto f = [](IValues in) { return c10::IValue(at::sin(in[0].toTensor()) * in[0].toTensor() + 1); };
@@ -285,7 +285,7 @@ TEST(Frees, NotAValueThatIsReturned) {
 }
 
 // --- write_results_over_dying_arguments ----------------------------------------
-// Note [Results written over a dying argument]
+// Note [Results written over a dying argument] in src/runtime/plan_passes/overwrites.cpp
 
 TEST(Overwrites, AnElementwiseResultMayGoIntoAnArgumentThatDiesThere) {
   auto f = [](IValues in) { return c10::IValue(at::relu(in[0].toTensor() * 2) * 3); };
