@@ -81,8 +81,8 @@ struct KnownFinding {
   const char* what;
 };
 constexpr KnownFinding kKnownFindings[] = {
-    // src/runtime/interpreter.cpp, tensor_form_of_scalar_operator: the
-    // interpreter converts a float Scalar argument (mul.Scalar(x, 1e300)) to
+    // Note [Scalar operators as Tensor operators] in
+    // src/runtime/plan_passes/scalar_operators.cpp: the interpreter converts a float Scalar argument (mul.Scalar(x, 1e300)) to
     // a tensor of the result's dtype when it builds its plan, and c10's
     // std::runtime_error escapes the constructor without the node. Eager
     // gives inf.

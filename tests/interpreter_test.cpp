@@ -243,7 +243,7 @@ TEST(WriteBack, BumpsTheVersionSoAutogradSeesTheWrite) {
   EXPECT_THROW(loss.backward(), c10::Error);
 }
 
-// Note [Updates written in place]
+// Note [Updates written in place] (src/runtime/plan_passes/updates_in_place.cpp)
 GraphModule updates_its_buffer(const std::function<c10::IValue(at::Tensor&, const at::Tensor&)>& fn) {
   ModuleState state;
   state.buffers.emplace_back("buf", at::full({3}, 2.0));
@@ -408,7 +408,7 @@ TEST(Memory, UnusedOutputsAreDroppedAtOnce) {
   EXPECT_LE(stats.peak_live_values, 2u);
 }
 
-// Note [Results written over a dying argument] (interpreter.cpp).
+// Note [Results written over a dying argument] (src/runtime/plan_passes/overwrites.cpp).
 
 TEST(Overwrites, AnElementwiseResultGoesIntoAnArgumentThatDiesThere) {
   GraphModule gm = trace([](IValues in) {
@@ -472,8 +472,9 @@ TEST(Overwrites, NotWhenTheArgumentHasAnotherLayout) {
   EXPECT_EQ(r.outputs.toTensor().strides(), expected.strides());
 }
 
-// Note [Scalar operators as Tensor operators] (interpreter.cpp): the same
-// values as the Scalar overloads' own kernels, for every dtype's promotion.
+// Note [Scalar operators as Tensor operators]
+// (src/runtime/plan_passes/scalar_operators.cpp): the same values as the
+// Scalar overloads' own kernels, for every dtype's promotion.
 TEST(ScalarOperators, SameValuesAsTheirOwnKernels) {
   auto f = [](IValues in) -> c10::IValue {
     at::Tensor x = in[0].toTensor();
@@ -548,7 +549,8 @@ TEST(Nesting, AGraphRunFromInsideAnotherRunKeepsBothFrames) {
   inner_graph = nullptr;
 }
 
-// Note [Views for copies in functional graphs]: an exported graph's copies
+// Note [Views for copies in functional graphs]
+// (src/runtime/plan_passes/views_for_copies.cpp): an exported graph's copies
 // of views run as views, except where the value is an output.
 TEST(ViewsForCopies, SameValuesAndNoOutputAliasesAnAttribute) {
   at::manual_seed(0);

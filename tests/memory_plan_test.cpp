@@ -371,7 +371,8 @@ TEST(PlannedInterpreter, PlannedRunAllocatesNothingForIntermediates) {
   }
   EXPECT_EQ(planned_count, 1u) << "only the output is allocated";
   // Unplanned, each intermediate is a new tensor or is written over an
-  // argument that died there (Note [Results written over a dying argument]).
+  // argument that died there (Note [Results written over a dying argument]
+  // in src/runtime/plan_passes/overwrites.cpp).
   EXPECT_GE(plain_count + plain_overwrites, planned.memory_plan()->values.size() + 1);
   EXPECT_GT(plain_count, planned_count);
   expect_bitwise_equal(plain.run(inputs), planned.run(inputs), "all_out_variants");

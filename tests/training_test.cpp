@@ -126,8 +126,8 @@ TEST_P(TrainingSteps, EqualTorchOptimStepByStep) {
   GraphModule step = export_training(model, c.loss, {xs[0]}, {ys[0]}, with(opt.optimizer));
   step.lint();
   Interpreter interp(step);
-  // Note [Updates written in place]: no parameter or optimizer state is
-  // copied in after the run.
+  // Note [Updates written in place] (src/runtime/plan_passes/updates_in_place.cpp):
+  // no parameter or optimizer state is copied in after the run.
   std::vector<std::string> in_place = interp.updated_in_place();
   for (const StepOutput& o : training_signature(step).outputs) {
     if (o.role == StepRole::ParameterUpdate || o.role == StepRole::OptimizerState) {

@@ -34,7 +34,8 @@ struct RunStats {
   size_t nodes_executed = 0;
   size_t peak_live_values = 0;  // most intermediate values held at once
   // Results written into the buffer of an argument that died there, instead
-  // of a new tensor (Note [Results written over a dying argument]).
+  // of a new tensor (Note [Results written over a dying argument] in
+  // src/runtime/plan_passes/overwrites.cpp).
   size_t results_over_arguments = 0;
 };
 
@@ -81,9 +82,10 @@ class Interpreter {
   size_t num_outputs() const;
 
   // The attributes a run updates in place, without a copy after it (Note
-  // [Updates written in place], interpreter.cpp): in a training step, the
-  // parameters and the optimizer's state whose update ends with an
-  // elementwise operator and whose old value nothing reads afterwards.
+  // [Updates written in place], src/runtime/plan_passes/updates_in_place.cpp):
+  // in a training step, the parameters and the optimizer's state whose update
+  // ends with an elementwise operator and whose old value nothing reads
+  // afterwards.
   // Such a write happens during the run, so a run that fails later leaves
   // them updated, as a failing torch::optim step leaves its parameters.
   std::vector<std::string> updated_in_place() const;
@@ -97,8 +99,6 @@ class Interpreter {
   std::vector<OperatorPlan> planned_operators() const;
 
  private:
-  std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs, RunStats& stats) const;
-  std::vector<at::Tensor> run_checked(const std::vector<at::Tensor>& inputs, RunStats& stats) const;
   std::vector<at::Tensor> flatten_inputs(const std::vector<c10::IValue>& inputs) const;
 
   std::unique_ptr<const detail::InterpreterPlan> plan_;
