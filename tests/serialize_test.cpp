@@ -346,8 +346,8 @@ TEST(SerializeRoundTrip, EmptyGraph) {
 // --- Reading in one pass ----------------------------------------------------------
 
 // Note [Reading the usual file in one pass]: what the writer writes is read
-// in one pass (not by the careful reader after the first gave up), into the
-// module the careful reader makes.
+// in one pass (not read again in the contract's order after a problem), into
+// the module the reading in the contract's order makes.
 TEST(LoadInOnePass, WhatTheWriterWritesIsReadInOnePass) {
   TempDir dir;
   std::vector<GraphModule> modules;
@@ -373,8 +373,8 @@ TEST(LoadInOnePass, WhatTheWriterWritesIsReadInOnePass) {
 }
 
 // JSON the writer never writes (other key orders, white space, escapes,
-// numbers with exponents) is still JSON: the careful reader reads it, into
-// the same module.
+// numbers with exponents) is still JSON: the reader reads it, in the
+// contract's order where the text's order will not do, into the same module.
 TEST(LoadInOnePass, OtherSpellingsOfTheSameJsonLoadTheSame) {
   GraphModule gm = testing::every_argument_module();
   const std::string bytes = save_to_string(gm);
@@ -383,10 +383,10 @@ TEST(LoadInOnePass, OtherSpellingsOfTheSameJsonLoadTheSame) {
     f.json = spell(Json::parse(f.json));
     return f.bytes();
   };
-  // Sorted keys, indented: the one-pass reader reads it too.
+  // Sorted keys, indented: read in the contract's order.
   std::string indented = respelled([](const Json& doc) { return doc.dump(2); });
   expect_same_module(gm, load_from_buffer(indented.data(), indented.size()));
-  // "nodes" before "module_stacks": read carefully.
+  // "nodes" before "module_stacks": read in the contract's order.
   std::string reordered = respelled([](const Json& doc) {
     nlohmann::ordered_json out;
     out["nodes"] = doc["nodes"];
@@ -397,7 +397,7 @@ TEST(LoadInOnePass, OtherSpellingsOfTheSameJsonLoadTheSame) {
   });
   expect_same_module(gm, load_from_buffer(reordered.data(), reordered.size()));
   // Non-ASCII characters as \u escapes (surrogate pairs beyond U+FFFF), and
-  // every slash as \/: the one-pass reader decodes them.
+  // every slash as \/: the reading in one pass decodes them.
   std::string escaped = respelled([](const Json& doc) {
     std::string out = doc.dump(-1, ' ', true);  // non-ASCII as \u escapes
     std::string with_slashes;
@@ -913,8 +913,7 @@ TEST(LoadVersion11, RejectsWhatOnlyLaterVersionsHave) {
                                   "a file of version 1.1 (version 1.2 added it)");
 }
 
-// Note [Reading the nodes one at a time]: a key the scan cannot recognise
-// (escapes spell "nodes") makes the reader parse the document whole instead.
+// Keys are strings like any other: escapes may spell "nodes".
 TEST(Load, NodesUnderAnEscapedKeyStillLoad) {
   GraphModule gm = testing::small_module();
   TcgFile f = TcgFile::parse(save_to_string(gm));

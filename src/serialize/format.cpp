@@ -190,7 +190,7 @@ const char* dtype_name(c10::ScalarType t) {
   return nullptr;
 }
 
-std::optional<c10::ScalarType> dtype_from_name(const std::string& name) {
+std::optional<c10::ScalarType> dtype_from_name(std::string_view name) {
   for (const auto& d : kDtypes) {
     if (name == d.name) return d.value;
   }
@@ -231,7 +231,7 @@ std::string nonfinite_double_string(double d) {
   return s;
 }
 
-std::optional<double> nonfinite_double_from_string(const std::string& s) {
+std::optional<double> nonfinite_double_from_string(std::string_view s) {
   uint64_t bits;
   if (s == "inf") {
     bits = 0x7ff0000000000000ULL;

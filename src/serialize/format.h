@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace torchcap::format {
@@ -118,7 +119,7 @@ inline constexpr std::pair<const char*, Keys> kAll[] = {
 }  // namespace keys
 
 // Whether `name` is one of `keys` in a file of version 1.`minor`.
-inline bool has_key(const Keys& keys, const std::string& name, uint16_t minor) {
+inline bool has_key(const Keys& keys, std::string_view name, uint16_t minor) {
   for (const Key& k : keys) {
     if (name == k.name) return k.since <= minor;
   }
@@ -126,7 +127,7 @@ inline bool has_key(const Keys& keys, const std::string& name, uint16_t minor) {
 }
 
 // The minor version that added key `name` to `keys`, or -1 if none did.
-inline int key_since(const Keys& keys, const std::string& name) {
+inline int key_since(const Keys& keys, std::string_view name) {
   for (const Key& k : keys) {
     if (name == k.name) return k.since;
   }
@@ -213,7 +214,7 @@ const char* token_name(const Token<T> (&table)[N], T value) {
 
 // The value named `name` in `table`, or nullopt.
 template <typename T, size_t N>
-std::optional<T> token_value(const Token<T> (&table)[N], const std::string& name) {
+std::optional<T> token_value(const Token<T> (&table)[N], std::string_view name) {
   for (const Token<T>& t : table) {
     if (name == t.name) return t.value;
   }
@@ -249,7 +250,7 @@ inline constexpr DtypeToken kDtypes[] = {
     {c10::ScalarType::QUInt2x4, "quint2x4", false},
 };
 const char* dtype_name(c10::ScalarType t);  // nullptr if the format has none
-std::optional<c10::ScalarType> dtype_from_name(const std::string& name);
+std::optional<c10::ScalarType> dtype_from_name(std::string_view name);
 bool is_storable_dtype(c10::ScalarType t);
 
 // Layouts and memory formats: torch's Python names (torch.strided, torch.channels_last).
@@ -321,6 +322,6 @@ inline constexpr const char* kOutputTarget = "output";
 // strings: "inf", "-inf", "nan" (the quiet NaN 0x7ff8000000000000), or, for
 // any other NaN, "0x" and the 16 hex digits of its bits.
 std::string nonfinite_double_string(double d);
-std::optional<double> nonfinite_double_from_string(const std::string& s);
+std::optional<double> nonfinite_double_from_string(std::string_view s);
 
 }  // namespace torchcap::format

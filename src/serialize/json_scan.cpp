@@ -25,15 +25,6 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
   JsonScan out;
   int depth = 0;
   bool in_string = false, escaped = false;
-  bool in_key = false;      // reading a key of the top-level object
-  bool expect_key = false;  // the next string at depth 1 is a key
-  bool want_value = false;  // the next token is a top-level value
-  std::string key;
-  // The top-level array being indexed, and whether its next element starts at
-  // the next token.
-  std::vector<uint64_t>* array = nullptr;
-  std::vector<uint64_t>* ends = nullptr;
-  bool want_element = false;
   bool in_number = false;
   uint64_t number_start = 0;
   auto check_number = [&](uint64_t end) {
@@ -60,33 +51,12 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
     if (in_string) {
       if (escaped) {
         escaped = false;
-        if (in_key) key += c;
       } else if (c == '\\') {
         escaped = true;
-        if (in_key) key += c;
       } else if (c == '"') {
-        in_string = in_key = false;
-      } else if (in_key) {
-        key += c;
+        in_string = false;
       }
       continue;
-    }
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
-
-    if (want_element) {
-      want_element = false;
-      if (c != ']') array->push_back(i);
-    }
-    if (want_value) {
-      want_value = false;
-      out.values[key] = i;
-      if (c == '[') {
-        array = &out.elements[key];
-        array->clear();  // a repeated key: the parser keeps the last one
-        ends = &out.element_ends[key];
-        ends->clear();
-        want_element = true;
-      }
     }
     if (c == '-' || (c >= '0' && c <= '9')) {
       in_number = true;
@@ -95,11 +65,6 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
     switch (c) {
       case '"':
         in_string = true;
-        if (depth == 1 && expect_key) {
-          in_key = true;
-          expect_key = false;
-          key.clear();
-        }
         break;
       case '{':
       case '[':
@@ -108,25 +73,10 @@ JsonScan scan_json(const char* text, uint64_t size, int max_depth) {
           out.too_deep_at = i;
           return out;
         }
-        if (depth == 1) expect_key = c == '{';
         break;
       case '}':
       case ']':
-        if (array != nullptr && depth == 2) {
-          if (ends->size() < array->size()) ends->push_back(i);
-          array = nullptr;
-        }
         --depth;
-        break;
-      case ',':
-        if (depth == 1) expect_key = true;
-        if (array != nullptr && depth == 2) {
-          if (ends->size() < array->size()) ends->push_back(i);
-          want_element = true;
-        }
-        break;
-      case ':':
-        if (depth == 1) want_value = true;
         break;
       default:
         break;

@@ -1,18 +1,16 @@
-// A single pass over JSON text, before it is parsed, for what the parser does
-// not give: a bound on nesting depth (checked before any recursive code sees
-// the document), the refusal of NUL bytes and of integers beyond 64 bits, and
-// the byte offsets of the elements of the top-level
-// arrays ("nodes", "tensors", "attributes"), so that errors found later can
-// name the byte where the offending node starts.
+// A single pass over JSON text, before anything reads it in the contract's
+// order (Note [Reading in the contract's order] in json_cursor.h), for what a
+// parser does not report, or reports elsewhere: a bound on nesting depth
+// (checked before any recursive code sees the document), and the refusal of
+// NUL bytes and of integers beyond 64 bits, each at its byte. The writer uses
+// it too, on the text it made.
 //
-// The scan trusts nothing and validates nothing else: on malformed text it may
-// record meaningless offsets, and the parser then reports the real problem.
+// The scan trusts nothing and validates nothing else: on malformed text it
+// may miss these, and the parser then reports the real problem.
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <string>
-#include <vector>
 
 namespace torchcap::format {
 
@@ -31,12 +29,6 @@ struct JsonScan {
   bool big_integer = false;
   uint64_t big_integer_at = 0;
   std::string big_integer_text;
-  // Offset of each top-level key's value, by key (escapes in keys are kept raw).
-  std::map<std::string, uint64_t> values;
-  // For top-level keys whose value is an array: the offset of each element,
-  // and where each ends (the offset of the comma or bracket after it).
-  std::map<std::string, std::vector<uint64_t>> elements;
-  std::map<std::string, std::vector<uint64_t>> element_ends;
 };
 
 JsonScan scan_json(const char* text, uint64_t size, int max_depth);

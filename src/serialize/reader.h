@@ -1,4 +1,4 @@
-// The one-pass reader (Note [Reading the usual file in one pass] in
+// Reading in one pass (Note [Reading the usual file in one pass] in
 // reader.cpp) for the Python loader, which reads the graph of a usual file
 // through it instead of through Python's json and checks the rest itself.
 #pragma once
