@@ -81,7 +81,7 @@ def _fx_graph(graph, keywords, direct=True):
 
     Built as torchcap.load builds a graph from a file (the same code
     generator and conventions), from the C++ graph directly (Note [Building the
-    torch.fx graph directly] in src/python/module.cpp). direct=False: every
+    torch.fx graph directly] in src/python/fx_bridge.cpp). direct=False: every
     node made by Graph.create_node (Note [Creating torch.fx nodes directly]).
     """
     fx_graph = torch.fx.Graph()
