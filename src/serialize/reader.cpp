@@ -87,11 +87,13 @@ class AlignedCopy : public Bytes {
 // An operator outside LibTorch's own namespaces (torchvision::nms, a user's
 // library): present only if its library was loaded into the process.
 bool is_custom_operator(const std::string& target) {
-  if (target.find("::") == std::string::npos) return false;
-  for (const char* ns : {"aten::", "prim::", "prims::"}) {
-    if (target.rfind(ns, 0) == 0) return false;
+  std::string ns;
+  try {
+    ns = detail::operator_namespace(detail::parse_operator_name(target));
+  } catch (const Error&) {
+    return false;  // not an operator's name at all
   }
-  return true;
+  return ns != "aten" && ns != "prim" && ns != "prims";
 }
 
 // Checks JSON syntax with nlohmann::json's own parser, building nothing, so
@@ -123,13 +125,11 @@ class Reader {
     file_.source = std::move(source);
   }
 
-  // The reading in text order alone, for the Python loader (serialize/reader.h).
-  std::optional<detail::OnePassRead> read_in_one_pass_only() {
-    check_shapes_ = false;  // the Python loader does not check them
+  // The reading in text order alone (serialize/reader.h).
+  std::optional<GraphModule> read_in_text_order_only() {
     try {
       read_header();
-      GraphModule gm = read_document(Order::Text);
-      return detail::OnePassRead{std::move(gm), nodes_begin_, nodes_end_};
+      return read_document(Order::Text);
     } catch (const format::ReadAgain&) {
     } catch (const std::exception&) {
     }
@@ -305,8 +305,7 @@ class Reader {
       format::fail_at(file_, top_entry("nodes").offset, e.what());
     }
     // Note [Checking a file's shapes] (shapes.cpp)
-    std::optional<detail::ShapeProblem> problem;
-    if (check_shapes_) problem = detail::check_shapes(gm);
+    std::optional<detail::ShapeProblem> problem = detail::check_shapes(gm);
     if (problem) {
       size_t index = 0;
       for (const Node* n : gm.graph()) {
@@ -436,12 +435,10 @@ class Reader {
   void read_nodes(format::Cursor& c, Graph& g) {
     Entry table_at = top_entry("nodes");
     Field nodes(c, table_at, required("nodes"));
-    nodes_begin_ = static_cast<uint64_t>(nodes.at() - text_);
     nodes.elements([&](const Field& element) {
       Entry e{&file_, element.offset(), "nodes", nullptr, element.index()};
       read_node(element.in(e), e, g);
     });
-    nodes_end_ = static_cast<uint64_t>(c.position() - text_);
     if (g.output_node() == nullptr) table_at.fail("", "the graph has no output node");
   }
 
@@ -767,7 +764,6 @@ class Reader {
   const char* text_ = nullptr;  // the JSON section
   LoadOptions options_;
   bool verify_checksums_ = false;  // the file's version has checksums, and the caller wants them
-  bool check_shapes_ = true;       // Note [Checking a file's shapes]
   std::array<const char*, format::keys::kDocument.size()> top_{};
   detail::TensorTable tensors_;
   std::vector<PendingAttribute> attributes_;
@@ -780,7 +776,6 @@ class Reader {
   std::unordered_map<std::string_view, StackTrace> stack_traces_;
   std::string name_, kwarg_name_, node_name_, node_op_, node_target_;
   ArgumentList arguments_;  // the argument lists being read
-  uint64_t nodes_begin_ = 0, nodes_end_ = 0;  // of the "nodes" array, in the JSON
 };
 
 std::string errno_message() { return std::strerror(errno); }
@@ -800,26 +795,10 @@ GraphModule load_from_buffer(const void* data, size_t size, const std::string& s
   return Reader(source, std::move(bytes), options).read();
 }
 
-std::optional<detail::OnePassRead> detail::read_in_one_pass(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return std::nullopt;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) < format::kHeaderSize) {
-    ::close(fd);
-    return std::nullopt;
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  void* addr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (addr == MAP_FAILED) return std::nullopt;
-  LoadOptions options;
-  options.verify_checksums = false;  // the caller verifies them
-  try {
-    return Reader(path, std::make_shared<MappedFile>(addr, size), options).read_in_one_pass_only();
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+std::optional<GraphModule> detail::read_in_text_order(const void* data, size_t size,
+                                                       const LoadOptions& options) {
+  return Reader("<buffer>", std::make_shared<AlignedCopy>(data, size), options)
+      .read_in_text_order_only();
 }
 
 GraphModule load(const std::string& path, const LoadOptions& options) {
