@@ -36,7 +36,7 @@ from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 from torchcap._bridge import _to_fx_of_file
 from torchcap._errors import WeightError
 from torchcap._file_checks import _check_call
-from torchcap._operators import split_operator_name
+from torchcap._operators import memory_effects, split_operator_name
 from torchcap._format_tables import TABLES as _TABLES
 from torchcap._tcg_file import (_ALIGNMENT, _DTYPES, _HEADER_SIZE, _INT64_MAX, _ITEM_SIZES,
                                 _LAYOUTS, _MEMORY_FORMATS, _NODE_NAME, _RESERVED_NODE_NAMES,
@@ -695,24 +695,18 @@ def _written_placeholders(graph):
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             continue
-        schema = target._schema
-        given = dict(zip((a.name for a in schema.arguments), node.args))
+        writes, aliased = memory_effects(target)
+        if not writes and aliased is None:
+            continue
+        given = dict(zip((a.name for a in target._schema.arguments), node.args))
         given.update(node.kwargs)
-        for argument in schema.arguments:
-            info = argument.alias_info
-            value = given.get(argument.name)
-            if info is not None and info.is_write and isinstance(value, torch.fx.Node) and \
-                    root.get(value) is not None:
+        for name in writes:
+            value = given.get(name)
+            if isinstance(value, torch.fx.Node) and root.get(value) is not None:
                 written.add(root[value].name)
-        # The result's memory is an argument's (a view, or a write returned).
-        if schema.returns and schema.returns[0].alias_info is not None:
-            sets = schema.returns[0].alias_info.before_set
-            for argument in schema.arguments:
-                value = given.get(argument.name)
-                if argument.alias_info is not None and argument.alias_info.before_set == sets and \
-                        isinstance(value, torch.fx.Node) and root.get(value) is not None:
-                    root[node] = root[value]
-                    break
+        value = given.get(aliased)
+        if isinstance(value, torch.fx.Node) and root.get(value) is not None:
+            root[node] = root[value]
     return written
 
 
