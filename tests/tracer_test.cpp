@@ -121,7 +121,8 @@ TEST(Immutability, InPlaceWriteToAnInputIsRefusedBeforeItRuns) {
   EXPECT_EQ(message,
             "Immutable tensor `self` is potentially getting modified by aten::add_.Scalar(Tensor(a!) "
             "self, Scalar other, Scalar alpha=1) -> Tensor(a!): it is graph input %ph_0, which a "
-            "graph may not modify. Clone it first.");
+            "graph may not modify. Clone it first, or let the program write to its inputs "
+            "(TraceOptions::allow_input_mutation, or torchcap::export).");
   EXPECT_TRUE(at::equal(x, at::ones({2, 2})));  // untouched
 }
 
@@ -165,7 +166,8 @@ TEST(Immutability, AnOperatorDefinedAgainIsTracedByItsNewSchema) {
   EXPECT_EQ(message,
             "Immutable tensor `x` is potentially getting modified by torchcap_redefined::scale("
             "Tensor(a!) x) -> Tensor(a!): it is graph input %ph_0, which a graph may not modify. "
-            "Clone it first.");
+            "Clone it first, or let the program write to its inputs "
+            "(TraceOptions::allow_input_mutation, or torchcap::export).");
   EXPECT_TRUE(at::equal(x, at::ones({2})));
 }
 
@@ -182,7 +184,8 @@ TEST(Immutability, OutArgumentThatIsAnInputIsRefused) {
   EXPECT_EQ(message,
             "Immutable tensor `out` is potentially getting modified by aten::neg.out(Tensor self, *, "
             "Tensor(a!) out) -> Tensor(a!): it is graph input %ph_1, which a graph may not modify. "
-            "Clone it first.");
+            "Clone it first, or let the program write to its inputs "
+            "(TraceOptions::allow_input_mutation, or torchcap::export).");
   EXPECT_TRUE(at::equal(out, at::zeros({3})));
 }
 
@@ -194,7 +197,8 @@ TEST(Immutability, WriteThroughAViewOfAnInputIsRefused) {
   EXPECT_EQ(message,
             "Immutable tensor `self` is potentially getting modified by aten::mul_.Scalar(Tensor(a!) "
             "self, Scalar other) -> Tensor(a!): it is %view, a view of a graph input, which a graph "
-            "may not modify. Clone it first.");
+            "may not modify. Clone it first, or let the program write to its inputs "
+            "(TraceOptions::allow_input_mutation, or torchcap::export).");
   EXPECT_TRUE(at::equal(x, at::ones({2, 3})));
 }
 

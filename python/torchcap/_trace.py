@@ -37,10 +37,10 @@ _TORCHCAP_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Frames in these files are the tracer's and torch's own: stack traces skip them.
 _INTERNAL_DIRS = [_TORCH_DIR, _TORCHCAP_DIR]
 
-# Messages of LibTorch's autograd when a program differentiates while traced
-# (the tracer runs it under no_grad).
-_GRADIENT_PHRASES = ("does not require grad and does not have a grad_fn",
-                     "One of the differentiated Tensors does not require grad")
+# Where torch's autograd enters its engine: an error raised there while traced
+# comes from a program that differentiates (the tracer runs it under no_grad).
+_AUTOGRAD_FILE = os.path.abspath(torch.autograd.__file__)
+_AUTOGRAD_ENTRIES = ("backward", "grad")
 # The C++ option names in those messages, as the Python API spells them.
 _OPTION_NAMES = {
     "TraceOptions::allow_data_dependent_values": "allow_data_dependent_values=True",
@@ -49,6 +49,7 @@ _OPTION_NAMES = {
     "expected e.g. aten::linear": "expected e.g. 'aten::linear' or torch.ops.aten.linear",
     "torch::where": "torch.where",
     "torchcap::trace": "torchcap.trace",
+    "torchcap::export": "torchcap.export",
     "Trace without meta mode": "Trace with meta=False",
     "trace without meta mode": "trace with meta=False",
 }
@@ -126,6 +127,16 @@ def _user_frame(tb):
     return found + (linecache.getline(found[0], found[1]).strip(),)
 
 
+def _raised_by_autograd(tb):
+    """Whether the innermost frame of `tb` is torch.autograd's backward or grad:
+    the error is the engine's, which the program called (errors are told by
+    where they come from, not by their text)."""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return os.path.abspath(code.co_filename) == _AUTOGRAD_FILE and code.co_name in _AUTOGRAD_ENTRIES
+
+
 def _python_message(message):
     for cpp, py in _OPTION_NAMES.items():
         message = message.replace(cpp, py)
@@ -143,7 +154,7 @@ def _as_trace_error(e, training=False):
     kind = _C.operator_error_kind(message)
     if kind:
         cls = getattr(_errors, kind)
-    elif not training and any(p in message for p in _GRADIENT_PHRASES):
+    elif not training and _raised_by_autograd(e.__traceback__):
         cls = TraceError
         message = ("the program computes gradients (backward() or torch.autograd.grad) while "
                    "traced: torchcap.trace and export record the forward computation, under "
@@ -153,9 +164,6 @@ def _as_trace_error(e, training=False):
     else:
         return None
     message = _python_message(message)
-    if "Immutable tensor" in message and "graph input" in message:
-        message += (" Or let the program write to its inputs: torchcap.trace(..., "
-                    "allow_input_mutation=True), or torchcap.export.")
     where = None if '\n  File "' in message else _user_frame(e.__traceback__)
     if where is not None:
         file, line, function, code = where

@@ -191,6 +191,16 @@ std::string describe_immutable(const c10::IValue& v) {
                                         : "%" + n->name() + ", a view of a graph input";
 }
 
+// The refusal of a write to an immutable tensor (a graph input, or a view of
+// one): `why` says how the operator writes when its schema does not.
+TraceError immutable_write_error(const std::string& argument, const c10::FunctionSchema& schema,
+                                 const c10::IValue& v, const std::string& why) {
+  return TraceError("Immutable tensor `" + argument + "` is potentially getting modified by " +
+                    schema_str(schema) + why + ": it is " + describe_immutable(v) +
+                    ", which a graph may not modify. Clone it first, or let the program write to "
+                    "its inputs (TraceOptions::allow_input_mutation, or torchcap::export).");
+}
+
 // Step 0: a plain value read from tensor data would be baked in. Returns
 // whether the call is at::equal of a value with itself, whose answer (true)
 // the trace knows without data.
@@ -255,10 +265,8 @@ std::vector<bool> check_writes(const OpCall& c) {
     const c10::IValue& v = c.arg(i);
     if (hidden[i]) {
       if (is_immutable_tensor(v)) {
-        throw TraceError("Immutable tensor `" + params[i].name() +
-                         "` is potentially getting modified by " + schema_str(c.schema) +
-                         " (it updates its running statistics in place when training): it is " +
-                         describe_immutable(v) + ", which a graph may not modify. Clone it first.");
+        throw immutable_write_error(params[i].name(), c.schema, v,
+                                    " (it updates its running statistics in place when training)");
       }
       continue;
     }
@@ -271,9 +279,7 @@ std::vector<bool> check_writes(const OpCall& c) {
                        "; a graph cannot express that mutation. Schema: " + schema_str(c.schema));
     }
     if (is_immutable_tensor(v)) {
-      throw TraceError("Immutable tensor `" + params[i].name() +
-                       "` is potentially getting modified by " + schema_str(c.schema) + ": it is " +
-                       describe_immutable(v) + ", which a graph may not modify. Clone it first.");
+      throw immutable_write_error(params[i].name(), c.schema, v, "");
     }
   }
   return written;
