@@ -17,8 +17,8 @@ from torchcap._errors import Error
 from torchcap._runtime import (_ANY_TENSOR, _FIRST_USE_LOCK, TorchcapCodeGen, _CheckedCall, _KeywordCodeGen,
                                _Spec, _check_loaded_inputs, _cyclic_gc_paused, _file_input_meta,
                                _forward_after_generating_code, _generated_code,
-                               _refuse_pickling, _refuse_unbound_weights, _set_generated_code,
-                               _set_graph_generating_code_later)
+                               _refuse_pickling, _refuse_unbound_weights, _runs_cpp_graph,
+                               _set_generated_code, _set_graph_generating_code_later, _spec_unflatten)
 
 
 def _set_tensor(gm, name, tensor, is_parameter):
@@ -245,7 +245,7 @@ def _traced_class_attributes():
     attributes = {"__getattr__": _getattr_of_traced, **_ATTACHING_METHODS,
                   "__deepcopy__": _deepcopy_traced(torch.fx.GraphModule.__deepcopy__),
                   "__reduce__": _reduce_traced,
-                  "forward": _forward_after_generating_code,
+                  "forward": _forward_first_call, "train": _train,
                   "_code": property(_generated_code, _set_generated_code)}
     for name in ("__reduce_package__", "__reduce_deploy__"):
         attributes[name] = _after_making_code(getattr(torch.fx.GraphModule, name))
@@ -387,7 +387,7 @@ def _unpickle_traced(graph, tensors, keywords, checked, kept):
     gm = _to_fx(graph.with_attributes(tensors), dict.fromkeys(keywords), checked)
     gm.__dict__.update(kept)
     if kept.get("_torchcap_file_inputs"):
-        gm.register_forward_pre_hook(_check_loaded_inputs)
+        _check_inputs_as_a_file_says(gm, graph)
     return gm
 
 
@@ -401,18 +401,136 @@ def _to_fx_of_file(graph):
         _ANY_TENSOR if meta is None else _file_input_meta(*meta, written)
         for meta, written in zip(graph.placeholder_metas(), graph.written_inputs())]
     gm.__dict__["_torchcap_file_inputs"] = True
-    gm.register_forward_pre_hook(_check_loaded_inputs)
+    _check_inputs_as_a_file_says(gm, graph)
     return gm
+
+
+def _check_inputs_as_a_file_says(gm, graph):
+    # The input spec, for the check made before the graph is (there is none
+    # to read it from until then), set before any thread can call the module.
+    gm.__dict__["_torchcap_in_spec"] = graph.fx_specs(_Spec)[0]
+    gm.register_forward_pre_hook(_check_loaded_inputs)
 
 
 def _as_traced(gm):
     """Whether gm's code is the one its trace made: not generated since (the
     graph may only change through recompile(), which generates it), or the
     same as the traced graph's."""
-    if type(gm).__dict__.get("forward") is _forward_after_generating_code:
+    forward = type(gm).__dict__.get("forward")
+    if forward is _forward_after_generating_code or _runs_cpp_graph(type(gm)):
         return True
     traced = _fx_graph(gm._torchcap_graph, getattr(gm, "_torchcap_keywords", ()))
     return gm.code == traced.python_code(root_module="self").src
+
+
+# --- Calls ------------------------------------------------------------------------
+
+def _forward_first_call(self, *args, **kwargs):
+    """A traced module's forward until its first call, which makes the one
+    that runs the C++ graph (Note [Calls run from the C++ graph] in
+    src/python/runner.cpp)."""
+    _make_forward(self)
+    return self.forward(*args, **kwargs)
+
+
+_forward_first_call._torchcap_runs_cpp = True
+
+
+def _make_forward(gm):
+    """Makes gm's forward if it is still to be made: the one that runs the C++
+    graph, or torch.fx's (if the graph must be made first)."""
+    with _FIRST_USE_LOCK:
+        cls = type(gm)
+        forward = cls.__dict__.get("forward")
+        if forward is _forward_first_call:
+            cls.forward = _cpp_forward(gm)
+        elif forward is _forward_after_generating_code:
+            gm.recompile()
+
+
+_forward_first_call._torchcap_make = _make_forward
+
+
+# The names the code of _cpp_forward reads besides forward's parameters.
+_CPP_FORWARD_NAMES = ("_torchcap_result", "_torchcap_run", "_torchcap_fx_forward")
+
+
+def _cpp_forward(gm):
+    """forward() of a module made from a C++ graph, with the signature of the
+    code torch.fx would generate, which binds the inputs' placeholders as
+    that code does and runs the graph with the interpreter, or, where that
+    is declined (_run_cpp), recompiles the module and calls its torch.fx code."""
+    graph = gm.__dict__["_torchcap_graph"]
+    in_spec, out_spec, mutations = graph.fx_specs(_Spec)
+    names = graph.placeholder_names()
+    keywords = gm.__dict__.get("_torchcap_keywords", ())
+    codegen = TorchcapCodeGen(in_spec, out_spec, mutations)
+    if keywords:
+        codegen = _KeywordCodeGen(codegen, keywords)
+    head = codegen.gen_fn_def(["self"] + names, "")
+    line = head.partition("\n")[0]
+    params = line[line.index("(") + 1:line.rindex(")")].split(", ")[1:]
+    if any(n in _CPP_FORWARD_NAMES for n in list(params) + list(names)):
+        gm.recompile()  # names the code below would hide
+        return type(gm).forward
+    arguments, keyword_only = [], False
+    for p in params:
+        if p == "/":
+            continue
+        if p == "*":
+            keyword_only = True
+        elif p.startswith("**"):
+            arguments.append(p)
+        else:
+            arguments.append(f"{p}={p}" if keyword_only else p)
+    source = (f"{head}\n"
+              f"    _torchcap_result = _torchcap_run(self, [{', '.join(names)}])\n"
+              f"    if _torchcap_result is not _torchcap_run:\n"
+              f"        return _torchcap_result\n"
+              f"    return _torchcap_fx_forward(self)({', '.join(arguments)})\n")
+    try:
+        runner = graph.runner()
+    except Error:
+        runner = None  # the interpreter cannot run it: torch.fx's code will
+
+    def run(module, leaves):
+        # Attributes attached may since have been replaced (.to(), assignment),
+        # and a graph made may since have been edited: torch.fx's code, made
+        # now, runs what the module holds.
+        d = module.__dict__
+        if runner is None or "_torchcap_unattached" not in d or "_graph" in d or \
+                torch._C._is_torch_function_mode_enabled():
+            return run
+        flat = runner.run(leaves)
+        return run if flat is None else _spec_unflatten(out_spec, flat)
+
+    namespace = {"_torchcap_run": run, "_torchcap_fx_forward": _fx_forward}
+    exec(compile(source, "<torchcap forward>", "exec"), namespace)  # noqa: S102 -- made above
+    forward = namespace["forward"]
+    forward._torchcap_runs_cpp = True
+    return forward
+
+
+def _fx_forward(gm):
+    """gm's torch.fx forward, compiled now if it runs the C++ graph: a call
+    the interpreter declined, or any call once its attributes were attached
+    or its graph made."""
+    with _FIRST_USE_LOCK:
+        if _runs_cpp_graph(type(gm)):
+            gm.recompile()
+    return gm.forward
+
+
+def _train(self, mode=True):
+    """nn.Module.train, without attaching the attributes to set their
+    holders' flags (Note [Attributes attached on first use]): a module not
+    yet attached has none, and `training` changes nothing a graph computes."""
+    if not self.__dict__.get("_torchcap_unattached", False):
+        return torch.nn.Module.train(self, mode)
+    if not isinstance(mode, bool):
+        raise ValueError("training mode is expected to be boolean")
+    self.__dict__["training"] = mode
+    return self
 
 
 _new_traced_module = _traced_module_maker()

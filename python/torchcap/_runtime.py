@@ -282,7 +282,8 @@ def _set_graph_generating_code_later(gm, graph):
         gm.graph = graph
     finally:
         del cls.recompile
-    cls.forward = _forward_after_generating_code
+    if not _runs_cpp_graph(cls):  # that forward stays until recompile()
+        cls.forward = _forward_after_generating_code
     cls._code = property(_generated_code, _set_generated_code)
     gm.__dict__.pop("_code", None)  # an empty graph's, from GraphModule.__init__
     if "__reduce__" not in cls.__dict__:  # a traced module has its own
@@ -321,8 +322,19 @@ def _forward_after_generating_code(self, *args, **kwargs):
 def _generated_code(self):
     with _FIRST_USE_LOCK:
         if "_code" not in self.__dict__:
-            self.recompile()
+            if _runs_cpp_graph(type(self)):
+                # Shown, not compiled: calls run the C++ graph until
+                # recompile() (Note [Calls run from the C++ graph] in
+                # src/python/runner.cpp).
+                self.__dict__["_code"] = self.graph.python_code(root_module="self").src
+            else:
+                self.recompile()
         return self.__dict__["_code"]
+
+
+def _runs_cpp_graph(cls):
+    """Whether a module class's forward runs its C++ graph (_bridge.py)."""
+    return getattr(cls.__dict__.get("forward"), "_torchcap_runs_cpp", False)
 
 
 def _set_generated_code(self, src):
@@ -501,18 +513,23 @@ def _check_loaded_inputs(gm, args):
     """Forward pre-hook of a loaded module: Note [Inputs of the traced shapes].
     Arguments of another structure are left to forward, which fails on them.
     Returns the arguments with inputs in the traced layout when some were not."""
-    codegen = gm.graph._codegen
-    if not isinstance(codegen, TorchcapCodeGen):  # a graph set by the user since
-        return None
+    d = gm.__dict__
+    if "_graph" in d:
+        codegen = d["_graph"]._codegen
+        if not isinstance(codegen, TorchcapCodeGen):  # a graph set by the user since
+            return None
+        in_spec = codegen.in_spec
+    else:  # not made yet (Note [Calls run from the C++ graph] in src/python/runner.cpp)
+        in_spec = d["_torchcap_in_spec"]
     try:
-        leaves = codegen.process_inputs(*args)
+        leaves = _spec_flatten(in_spec, tuple(args) if in_spec.kind == "tuple" else args[0])
     except (IndexError, KeyError, TypeError):
         return None
     relaid = _check_inputs(gm._torchcap_inputs, leaves, _placeholder_names, gm)
     if relaid is None:
         return None
-    value = _spec_unflatten(codegen.in_spec, list(relaid))
-    return value if codegen.in_spec.kind == "tuple" else (value,)
+    value = _spec_unflatten(in_spec, list(relaid))
+    return value if in_spec.kind == "tuple" else (value,)
 
 
 def _dense(t):
@@ -762,6 +779,16 @@ def _bound_as_traced(gm, spec, args, kwargs):
     """The call's arguments as the traced call passed them (positional
     parameters given by keyword are moved to their place), or InputError."""
     import inspect
+    # Bound by the signature of forward as made for the module: made now if
+    # not yet (it is made on the first call, which this is).
+    forward = type(gm).__dict__.get("forward")
+    make = getattr(forward, "_torchcap_make", None)
+    if make is not None:
+        make(gm)
+    elif forward is _forward_after_generating_code:
+        with _FIRST_USE_LOCK:
+            if type(gm).__dict__.get("forward") is _forward_after_generating_code:
+                gm.recompile()
     try:
         bound = inspect.signature(type(gm).forward).bind(gm, *args, **kwargs)
         positional, keywords = [], {}

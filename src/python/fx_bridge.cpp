@@ -482,16 +482,21 @@ py::object spec_object(const TreeSpec& s, const py::object& spec_class) {
 // (kind, target) of each mutation output, and the placeholders by name.
 }  // namespace
 
-py::tuple build_fx(const GraphModule& gm, py::object graph, py::object spec_class, bool direct) {
-  FxBuilder builder(std::move(graph), direct);
-  py::dict placeholders = builder.build(gm.graph());
+py::tuple fx_specs(const GraphModule& gm, py::object spec_class) {
   py::list mutations;
   for (const OutputSpec& o : gm.output_specs) {
     if (o.kind == OutputKind::BufferMutation) mutations.append(py::make_tuple("buffer_mutation", o.target));
     if (o.kind == OutputKind::InputMutation) mutations.append(py::make_tuple("input_mutation", o.target));
   }
   return py::make_tuple(spec_object(gm.in_spec, spec_class), spec_object(gm.out_spec, spec_class),
-                        mutations, placeholders);
+                        mutations);
+}
+
+py::tuple build_fx(const GraphModule& gm, py::object graph, py::object spec_class, bool direct) {
+  FxBuilder builder(std::move(graph), direct);
+  py::dict placeholders = builder.build(gm.graph());
+  py::tuple specs = fx_specs(gm, std::move(spec_class));
+  return py::make_tuple(specs[0], specs[1], specs[2], placeholders);
 }
 
 namespace {

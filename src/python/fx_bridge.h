@@ -14,6 +14,9 @@ namespace torchcap::python {
 pybind11::tuple build_fx(const GraphModule& gm, pybind11::object graph, pybind11::object spec_class,
                          bool direct);
 
+// (in spec, out spec, mutations) as build_fx returns them, without a graph.
+pybind11::tuple fx_specs(const GraphModule& gm, pybind11::object spec_class);
+
 // The GraphModule of a torch.fx graph given as node tuples (see FxReader).
 GraphModule graph_module_of_fx(const pybind11::list& nodes, const pybind11::list& attributes);
 

@@ -14,6 +14,7 @@
 #include "graph/operator_name.h"
 #include "python/fx_bridge.h"
 #include "python/load_bindings.h"
+#include "python/runner.h"
 #include "python/python_source.h"
 #include "trace/trace_state.h"
 
@@ -560,6 +561,8 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(error_class("TraceError").ptr(), e.what());
     } catch (const torchcap::TypeError& e) {
       PyErr_SetString(error_class("TraceError").ptr(), e.what());
+    } catch (const torchcap::InputError& e) {
+      PyErr_SetString(error_class("InputError").ptr(), e.what());
     } catch (const torchcap::Error& e) {
       PyErr_SetString(error_class("Error").ptr(), e.what());
     }
@@ -593,6 +596,7 @@ PYBIND11_MODULE(_C, m) {
       .def(py::pickle(&pickled_graph, &unpickled_graph));
 
   register_load_bindings(m, graph_module);
+  register_runner_bindings(m, graph_module);
   // Note [Errors raised inside operators] in src/trace/trace_state.h.
   m.def("operator_error_kind", &torchcap::detail::take_operator_error_kind, py::arg("message"));
   m.def("save_fx", [](const py::list& nodes, const py::list& attributes, const std::string& path) {

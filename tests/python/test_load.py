@@ -129,6 +129,10 @@ def test_code_is_generated_on_first_use(files):
     assert "_code" not in gm.__dict__
     inputs = unpickle(files / "nested_io.inputs.pt")
     assert_same(gm(*inputs), unpickle(files / "nested_io.expected.pt"))
+    # With the compiled part the call ran the C++ graph (Note [Calls run from
+    # the C++ graph] in src/python/runner.cpp); the code is made when asked.
+    assert ("_code" in gm.__dict__) == (torchcap._load._C is None)
+    gm.code  # noqa: B018
     assert "_code" in gm.__dict__
     # The code is what torch.fx generates from the graph, also when asked first.
     looked = torchcap.load(files / "nested_io.tcg")
