@@ -1,13 +1,16 @@
 """Tracing from Python: torchcap.trace against make_fx, in one run.
 
-For each model prints eager time, the time to trace it with torchcap (the
-C++ graph alone, the torch.fx.GraphModule torchcap.trace returns, and that
-module with its fx nodes and code made, as make_fx returns it) and with make_fx (real mode), each tracer's overhead per node
-((trace - eager) / nodes of torchcap's graph, get_attr nodes included, as the
-C++ benchmark counts) and the ratio of make_fx's overhead to
-torchcap's. Times are medians of several runs, in one process, one thread.
-Last, for ResNet-18, torchcap.trace's parts timed apart (parts) and what a
-trace costs whatever the program does (fixed_cost).
+For each model, first the whole trip, what a user waits for: a traced
+module's first call (trace + call, against make_fx + call of its module;
+the program runs twice, so two eager runs are subtracted), and the module
+with its torch.fx graph and code made (as make_fx returns it). Then the
+trace alone: the C++ graph, and the torch.fx.GraphModule torchcap.trace
+returns (graph and code not made), against make_fx (real mode). Overheads
+are per node of torchcap's graph (get_attr nodes included, as the C++
+benchmark counts), over eager, with the ratio of make_fx's to torchcap's.
+Times are medians of several runs, in one process, one thread, under
+no_grad. Last, for ResNet-18, torchcap.trace's parts timed apart (parts)
+and what a trace costs whatever the program does (fixed_cost).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_trace_bench.py
 """
@@ -58,11 +61,13 @@ def timed(fn):
     return wall, cpu
 
 
-def paired(eager, tracers, runs):
+def paired(eager, tracers, runs, program_runs=None):
     """Median eager time, and per tracer the median time and median excess over
-    the eager run of the same round (wall and thread CPU time): the rounds
-    interleave, so a change in the machine's load affects both sides of a
-    difference alike."""
+    the eager run of the same round (wall and thread CPU time), times
+    program_runs[i] (default 1: how many times tracer i runs the program):
+    the rounds interleave, so a change in the machine's load affects both
+    sides of a difference alike."""
+    program_runs = program_runs or [1] * len(tracers)
     eager_times, times = [], [[] for _ in tracers]
     excess, cpu_excess = [[] for _ in tracers], [[] for _ in tracers]
     for _ in range(runs):
@@ -71,8 +76,8 @@ def paired(eager, tracers, runs):
         for i, fn in enumerate(tracers):
             t, t_cpu = timed(fn)
             times[i].append(t)
-            excess[i].append(t - e)
-            cpu_excess[i].append(t_cpu - e_cpu)
+            excess[i].append(t - program_runs[i] * e)
+            cpu_excess[i].append(t_cpu - program_runs[i] * e_cpu)
     return (statistics.median(eager_times), [statistics.median(t) for t in times],
             [statistics.median(x) for x in excess], [statistics.median(x) for x in cpu_excess])
 
@@ -84,6 +89,20 @@ def cpp_graph(model, x, record_stack_traces, listed=None):
     parameters, buffers, modules = listed or _trace._module_contents(model, record_stack_traces)
     return _trace._C.trace(model, parameters, buffers, (x,), {}, False, False, None, False, False,
                            record_stack_traces, _trace._INTERNAL_DIRS, modules)
+
+
+def report(rows, times, excess, cpu_excess, nodes, reference):
+    """One line per row, then the reference row's overhead over each other's."""
+    per_node = [x / nodes * 1e6 for x in excess]
+    cpu_per_node = [x / nodes * 1e6 for x in cpu_excess]
+    for label, t, o, c in zip(rows, times, per_node, cpu_per_node):
+        print(f"  {label + ':':<46} {t * 1e3:8.2f} ms  overhead {o:7.2f} us/node "
+              f"(CPU {c:7.2f} us/node)")
+    others = [i for i in range(len(rows)) if i != reference]
+    ratios = ", ".join(f"{per_node[reference] / per_node[i]:.0f}x" for i in others)
+    cpu_ratios = ", ".join(f"{cpu_per_node[reference] / cpu_per_node[i]:.0f}x" for i in others)
+    print(f"  {rows[reference]} overhead / torchcap overhead, per row above: {ratios}; "
+          f"CPU time: {cpu_ratios}")
 
 
 def bench(name, model, x, runs, make_fx_runs, with_parts=False):
@@ -100,43 +119,50 @@ def bench(name, model, x, runs, make_fx_runs, with_parts=False):
         with torch.no_grad():
             return make_fx(model)(x)
 
+    def make_fx_first_call():
+        with torch.no_grad():
+            traced = make_fx(model)(x)
+            return traced, traced(x)
+
+    def first_call():
+        with torch.no_grad():
+            traced = torchcap.trace(model, (x,))
+            return traced, traced(x)
+
     def traced_with_code():
         gm = torchcap.trace(model, (x,))
-        gm.code  # noqa: B018 -- makes the fx nodes and compiles forward()
+        gm.graph  # noqa: B018 -- the fx nodes
+        gm.code  # noqa: B018 -- and the code, as make_fx's module has them
         return gm
 
     eager()  # warm up kernels and allocator
     run_make_fx()
     gc.collect()
     gc.freeze()
+    print(f"{name}: {nodes} nodes ({ops} operators)")
+
+    # The whole trip: what a user waits for before the traced module has
+    # computed something (the program runs twice, traced and called: two
+    # eager runs are subtracted), or shown its graph and code.
+    trip = [("torchcap.trace + first call", first_call, 2),
+            ("torchcap.trace + .graph + .code", traced_with_code, 1)]
+    eager_time, times, excess, cpu_excess = paired(
+        eager, [fn for _, fn, _ in trip], runs, [k for _, _, k in trip])
+    _, mfx_time, mfx_excess, mfx_cpu_excess = paired(eager, [make_fx_first_call], make_fx_runs, [2])
+    print(f"  eager {eager_time * 1e3:.2f} ms; the whole trip, one thread:")
+    report([label for label, _, _ in trip] + ["make_fx + first call"], times + mfx_time,
+           excess + mfx_excess, cpu_excess + mfx_cpu_excess, nodes, reference=2)
+
+    # The trace alone: the torch.fx module returned, its graph and code not made.
     rows = [("torchcap trace, C++ graph", lambda: cpp_graph(model, x, True)),
             ("torchcap trace, C++ graph, no stack traces", lambda: cpp_graph(model, x, False)),
-            ("torchcap.trace -> torch.fx.GraphModule", lambda: torchcap.trace(model, (x,))),
-            # What make_fx returns: the fx nodes made and forward() compiled
-            # (torchcap.trace defers both to first use).
-            ("torchcap.trace, then its graph and code", traced_with_code)]
-    eager_time, times, excess, cpu_excess = paired(eager, [fn for _, fn in rows], runs)
+            ("torchcap.trace -> torch.fx.GraphModule", lambda: torchcap.trace(model, (x,)))]
+    _, times, excess, cpu_excess = paired(eager, [fn for _, fn in rows], runs)
     parts_line = parts(model, x) if with_parts else None
     _, mfx_time, mfx_excess, mfx_cpu_excess = paired(eager, [run_make_fx], make_fx_runs)
-    rows.append(("make_fx (real mode)", None))
-    times += mfx_time
-    excess += mfx_excess
-    cpu_excess += mfx_cpu_excess
-    per_node = [x / nodes * 1e6 for x in excess]
-    cpu_per_node = [x / nodes * 1e6 for x in cpu_excess]
-
-    print(f"{name}: {nodes} nodes ({ops} operators), eager {eager_time * 1e3:.2f} ms")
-    for (label, _), t, o, c in zip(rows, times, per_node, cpu_per_node):
-        print(f"  {label + ':':<46} {t * 1e3:8.2f} ms  overhead {o:7.2f} us/node "
-              f"(CPU {c:7.2f} us/node)")
-    # The C++ graph is what torchcap records; torchcap.trace's result adds a
-    # torch.fx.GraphModule holding it, whose fx nodes and code are made when
-    # first needed; the last row makes them, mostly torch.fx's own work
-    # (code generation, compiling the code), which make_fx's figure includes.
-    mfx = len(rows) - 1
-    ratios = ", ".join(f"{per_node[mfx] / per_node[i]:.0f}x" for i in range(mfx))
-    cpu_ratios = ", ".join(f"{cpu_per_node[mfx] / cpu_per_node[i]:.0f}x" for i in range(mfx))
-    print(f"  make_fx overhead / torchcap overhead, per row above: {ratios}; CPU time: {cpu_ratios}")
+    print("  the trace alone:")
+    report([label for label, _ in rows] + ["make_fx (real mode)"], times + mfx_time,
+           excess + mfx_excess, cpu_excess + mfx_cpu_excess, nodes, reference=3)
     if parts_line:
         print(parts_line)
 
