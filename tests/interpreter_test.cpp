@@ -422,6 +422,44 @@ TEST(Overwrites, AnElementwiseResultGoesIntoAnArgumentThatDiesThere) {
   EXPECT_TRUE(at::equal(x, before));  // the input is never written
 }
 
+// InterpreterOptions::autograd: the run is differentiated as the program's
+// own operators would be, through the operators the overwrite pass would
+// otherwise run into dying arguments (above) and views of attributes.
+TEST(Autograd, ARunRecordsTheProgramsGradients) {
+  auto program = [](IValues in) {
+    const at::Tensor& x = in[0].toTensor();
+    const at::Tensor& w = in[1].toTensor();
+    return c10::IValue(at::relu(x.matmul(w.t()) * 2) * 3);
+  };
+  GraphModule gm = trace(program, {at::randn({4, 5}), at::randn({3, 5})});
+  at::Tensor x = at::randn({4, 5});
+  at::Tensor w = at::randn({3, 5}).requires_grad_();
+  InterpreterOptions options;
+  options.autograd = true;
+  at::Tensor out = Interpreter(gm, options).run({x, w}).toTensor();
+  ASSERT_TRUE(out.requires_grad());
+  out.square().sum().backward();
+  at::Tensor by_run = w.grad().clone();
+  w.mutable_grad().reset();
+  program({x, w}).toTensor().square().sum().backward();
+  EXPECT_TRUE(at::equal(by_run, w.grad()));
+  // The default interpreter runs below autograd.
+  EXPECT_FALSE(Interpreter(gm).run({x, w}).toTensor().requires_grad());
+}
+
+TEST(Autograd, NotWithPlannedMemory) {
+  GraphModule gm = trace([](IValues in) { return c10::IValue(in[0].toTensor() * 2); }, {at::randn({3})});
+  InterpreterOptions options;
+  options.autograd = options.plan_memory = true;
+  try {
+    Interpreter interp(gm, options);
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan_memory and autograd do not go together"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Overwrites, NotIntoAValueReadLater) {
   GraphModule gm = trace([](IValues in) {
     at::Tensor a = in[0].toTensor() * 2;

@@ -45,6 +45,15 @@ struct InterpreterOptions {
   // made on the thread's first run and reused by later runs: a run then
   // allocates nothing for those results. Outputs stay fresh tensors.
   bool plan_memory = false;
+  // Run above autograd, as the program's own operators would run: a run in
+  // grad mode whose inputs or attributes require grad gives results with
+  // autograd history, which backward() differentiates. Without it (the
+  // default), a graph runs as an inference program, below autograd (Note
+  // [The interpreter runs below autograd] in src/runtime/interpreter.cpp).
+  // The plan passes that write results into existing tensors or compute
+  // views of attributes once do not run on such a plan. Not with
+  // plan_memory (Error).
+  bool autograd = false;
 };
 
 class Interpreter {

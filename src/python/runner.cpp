@@ -9,17 +9,18 @@
 // first call. The same kernels run on the same values as the generated code
 // would call, so the results are the same.
 //
-// The interpreter runs below autograd, unseen by whatever sits above the
-// backend kernels: it runs a call only when the generated code would record
-// nothing either, and declines (None) the others, which then run the
-// torch.fx code: grad mode on with a tensor that requires grad (inputs or
-// attributes: autograd would record the call), a dispatch key included on
-// this thread beyond the default (a torchcap trace of the module, a
-// TorchDispatchMode, functorch's transforms), autocast, TorchScript's
-// tracer, and inputs that are not plain tensors (a subclass, a tensor with
-// __torch_function__, a wrapper such as vmap's or a trace's). Python checks
-// what it alone knows (TorchFunctionMode, attributes replaced since the
-// trace) before asking (_bridge.py).
+// A call in grad mode whose inputs or attributes require grad (gm(x) with
+// the model's own parameters, outside no_grad) runs on a second interpreter,
+// built on the first such call, that records autograd history as the
+// generated code would (InterpreterOptions::autograd). Everything else the
+// interpreter would not see declines the call (None), which then runs the
+// torch.fx code: a dispatch key included on this thread beyond the default
+// (a torchcap trace of the module, a TorchDispatchMode, functorch's
+// transforms), autocast, TorchScript's tracer, and inputs that are not
+// plain tensors (a subclass, a tensor with __torch_function__, a wrapper
+// such as vmap's or a trace's). Python checks what it alone knows
+// (TorchFunctionMode, attributes replaced since the trace) before asking
+// (_bridge.py).
 #include "python/runner.h"
 
 #include "python/fx_bridge.h"
@@ -55,15 +56,16 @@ bool plain_dispatch() {
 
 class Runner {
  public:
-  explicit Runner(const GraphModule& gm) {
-    for (const Attribute& a : gm.attributes()) attributes_.push_back(a.value);
+  // `module`: a _C.GraphModule, which is never changed once made.
+  explicit Runner(py::object module) : module_(std::move(module)), gm_(module_.cast<const GraphModule&>()) {
+    for (const Attribute& a : gm_.attributes()) attributes_.push_back(a.value);
     py::gil_scoped_release no_gil;
-    interpreter_ = std::make_unique<Interpreter>(gm);
+    inference_ = std::make_unique<Interpreter>(gm_);
   }
 
   // The flat user outputs of a run on the flat input tensors, or None where
   // the torch.fx code must run the call (Note [Calls run from the C++ graph]).
-  py::object run(const py::list& inputs) const {
+  py::object run(const py::list& inputs) {
     if (!plain_dispatch()) return py::none();
     std::vector<at::Tensor> tensors;
     tensors.reserve(inputs.size());
@@ -77,12 +79,22 @@ class Runner {
     }
     if (at::GradMode::is_enabled()) {
       for (const at::Tensor& a : attributes_) requires_grad = requires_grad || a.requires_grad();
-      if (requires_grad) return py::none();
+    } else {
+      requires_grad = false;
+    }
+    const Interpreter* interpreter = inference_.get();
+    if (requires_grad) {
+      if (!autograd_) {  // made under the GIL, so once
+        InterpreterOptions options;
+        options.autograd = true;
+        autograd_ = std::make_unique<Interpreter>(gm_, options);
+      }
+      interpreter = autograd_.get();
     }
     std::vector<at::Tensor> outputs;
     {
       py::gil_scoped_release no_gil;
-      outputs = interpreter_->run_flat(tensors);
+      outputs = interpreter->run_flat(tensors);
     }
     py::list results(outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -92,8 +104,11 @@ class Runner {
   }
 
  private:
-  std::vector<at::Tensor> attributes_;  // the graph's, as the interpreter holds them
-  std::unique_ptr<const Interpreter> interpreter_;
+  py::object module_;  // holds gm_
+  const GraphModule& gm_;
+  std::vector<at::Tensor> attributes_;  // the graph's, as the interpreters hold them
+  std::unique_ptr<const Interpreter> inference_;
+  std::unique_ptr<const Interpreter> autograd_;  // the first call under autograd makes it
 };
 
 }  // namespace
@@ -101,7 +116,7 @@ class Runner {
 void register_runner_bindings(py::module_& m, py::class_<GraphModule>& graph_module) {
   py::class_<Runner>(m, "Runner").def("run", &Runner::run, py::arg("inputs"));
   graph_module
-      .def("runner", [](const GraphModule& gm) { return std::make_unique<Runner>(gm); })
+      .def("runner", [](py::object self) { return std::make_unique<Runner>(std::move(self)); })
       .def("fx_specs", &fx_specs, py::arg("spec_class"))
       // The parameters of the generated forward are named after them.
       .def("placeholder_names", [](const GraphModule& gm) {

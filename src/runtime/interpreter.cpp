@@ -233,8 +233,12 @@ std::vector<at::Tensor> execute(const detail::InterpreterPlan& plan, const std::
   // runs without it, skipping the autograd and view-tracking dispatch layers
   // (as autograd's own kernels do) rather than paying for them under no-grad.
   // Results carry no autograd history, like results computed under
-  // NoGradGuard, and are ordinary (not inference) tensors.
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  // NoGradGuard, and are ordinary (not inference) tensors. Unless the plan
+  // records autograd (InterpreterOptions::autograd): then its operators run
+  // as the program's did, and the passes that would escape autograd did not
+  // run on it.
+  std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+  if (!plan.autograd) below_autograd.emplace();
 
   // Note [Planned runs]: declared before the frame, so the frame's values
   // (which may hold the arena's slices) are dropped before the arena is.

@@ -51,6 +51,11 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
 
   std::unique_ptr<InterpreterPlan> build() {
     gm_.lint();
+    if (options_.plan_memory && options_.autograd) {
+      throw Error("InterpreterOptions: plan_memory and autograd do not go together: a planned run "
+                  "writes results into its arena, where autograd cannot follow them");
+    }
+    plan_->autograd = options_.autograd;
     if (options_.plan_memory) {
       plan_->memory = std::make_unique<PlannedMemory>(plan_memory(gm_.graph()));
     }

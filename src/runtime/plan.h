@@ -129,6 +129,7 @@ struct InterpreterPlan {
   TreeSpec in_spec;
   TreeSpec out_spec;
   std::unique_ptr<PlannedMemory> memory;  // planned interpreters only
+  bool autograd = false;                  // InterpreterOptions::autograd
 };
 
 // The plan of `gm`, one instruction per operator node, before any plan pass.

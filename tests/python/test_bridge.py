@@ -91,23 +91,28 @@ def test_positional_parameters_given_by_name_on_the_first_call():
         assert torch.equal(got["out"], model(x, pair, **kwargs)["out"])
 
 
-def test_gradients_flow_through_the_torch_fx_code():
-    model = Scaled()
-    args, kwargs = scaled_inputs()
-    gm = torchcap.trace(model, args, kwargs)
-    out = gm(*args, **kwargs)["out"]  # grad mode on, parameters require grad
-    assert out.grad_fn is not None and not runs_cpp(gm)
-    out.sum().backward()
-    assert model.fc.weight.grad is not None
+def test_calls_under_autograd_record_eager_gradients():
+    model = torchvision.models.resnet18().eval()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 32, 32)
+    gm = torchcap.trace(model, (x,))  # its parameters are the model's
+    out = gm(x)  # grad mode on, parameters require grad
+    assert out.grad_fn is not None and runs_cpp(gm) and not fx_made(gm)
+    out.square().sum().backward()
+    reference(x).square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), name
 
 
-def test_an_input_that_requires_grad_is_run_by_torch_fx():
+def test_an_input_that_requires_grad_gets_its_gradient():
     gm = torchcap.trace(lambda t: t.sin() * 2, (torch.randn(3),))
     x = torch.randn(3, requires_grad=True)
     y = gm(x)
-    assert y.grad_fn is not None
+    assert y.grad_fn is not None and runs_cpp(gm)
     y.sum().backward()
     assert torch.allclose(x.grad, 2 * x.detach().cos())
+    with torch.no_grad():  # and the inference run next to it
+        assert gm(x).grad_fn is None
 
 
 def test_dispatch_modes_and_subclasses_see_the_operators():

@@ -65,6 +65,8 @@ void rewrite(Slot& s, const std::vector<Slot>& to) {
 // table has no hole; frees are not, so this pass runs before
 // free_values_after_last_use.
 bool fold_views_of_attributes(InterpreterPlan& plan) {
+  // A view computed now would be no part of a run's autograd history.
+  if (plan.autograd) return false;
   // Each value's slot from now on: itself, or the attribute it was folded into.
   std::vector<Slot> to(plan.num_values);
   for (int32_t v = 0; v < plan.num_values; ++v) {

@@ -28,6 +28,7 @@ namespace detail {
 // that already write elsewhere: into the arena of a planned run, or into an
 // attribute (Note [Updates written in place] in updates_in_place.cpp).
 bool write_results_over_dying_arguments(InterpreterPlan& plan) {
+  if (plan.autograd) return false;  // out variants do not record autograd history
   bool changed = false;
   for (Instruction& ins : plan.instructions) {
     const std::optional<TensorMeta>& result = plan.node_infos[ins.node_info].result;

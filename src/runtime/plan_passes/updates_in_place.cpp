@@ -31,7 +31,7 @@ namespace detail {
 // as a failing torch::optim step does. Only in a functional graph, where
 // nothing else writes the attribute while the run lasts.
 bool write_updates_in_place(InterpreterPlan& plan, const Graph& graph) {
-  if (!is_functional(graph)) return false;
+  if (plan.autograd || !is_functional(graph)) return false;  // autograd: out variants
   bool changed = false;
   // The attribute storages each value may share: views (the interpreter
   // runs `*_copy` as views) pass on their arguments'.
