@@ -137,7 +137,11 @@ class TorchcapCodeGen(CodeGen):
         if any(kind == "buffer_mutation" for kind, _ in self.mutations):
             rewrite.lock = (namespace.create_name(_BUFFER_UPDATES_LOCK, _buffer_updates_lock),
                             root_module)
-        code = super()._gen_python_code(nodes, root_module, namespace, **kwargs)
+        code = None
+        if not kwargs.get("verbose", False):
+            code = _aten_python_code(self, nodes, root_module, namespace)
+        if code is None:
+            code = super()._gen_python_code(nodes, root_module, namespace, **kwargs)
         if rewrite.lock is not None:
             code.globals[rewrite.lock[0]] = _buffer_updates_lock
         return code
@@ -188,6 +192,122 @@ class TorchcapCodeGen(CodeGen):
     def process_outputs(self, outputs):
         results = outputs[0] if self.mutations else outputs
         return _spec_unflatten(self.out_spec, list(results[:len(results) - len(self.mutations)]))
+
+
+# Note [Code of aten graphs]
+# torch.fx's code generator serves every graph a Python tracer makes, and
+# costs about 7 us a node (map_arg over each node's arguments to find last
+# uses, a global looked up per call, a type annotation considered per node):
+# as much as building the graph. For the graphs torchcap makes (placeholders
+# without defaults, get_attr, aten operators and getitem, one output, no
+# type annotations) the same text is made here, statement for statement as
+# CodeGen._gen_python_code makes it (the same reprs of the same arguments,
+# the same deletions after last uses, the same globals), for about a third.
+# Any other graph (one the user edited to call other functions, say) gets
+# torch.fx's. tests/python/test_bridge.py compares the two on every graph it
+# can make.
+_QUALIFIED_NAMES = {}  # OpOverload -> "torch.ops.aten.add.Tensor"
+
+
+def _aten_python_code(codegen, nodes, root_module, namespace):
+    """CodeGen._gen_python_code(nodes, root_module, namespace) of a graph of
+    aten operators, or None if the graph holds anything else."""
+    import operator
+
+    from torch.fx.graph import PythonCode, _custom_builtins, _is_from_torch, _get_qualified_name
+    getitem, overload = operator.getitem, torch._ops.OpOverload
+    nodes = list(nodes)
+    targets = {}
+    last_uses, seen = {}, set()
+    for node in reversed(nodes):
+        op = node.op
+        if node.type is not None:
+            return None
+        if op == "call_function":
+            target = node.target
+            if target is not getitem:
+                if type(target) is not overload or node.meta.get("is_wrapped", False):
+                    return None
+                name = _QUALIFIED_NAMES.get(target)
+                if name is None:
+                    if not _is_from_torch(target):
+                        return None
+                    name = _QUALIFIED_NAMES[target] = _get_qualified_name(target)
+                targets[node] = name
+            for a in node.args:
+                if isinstance(a, tuple) and hasattr(a, "_fields"):
+                    return None  # a named tuple: torch.fx names its type
+            for a in node.kwargs.values():
+                if isinstance(a, tuple) and hasattr(a, "_fields"):
+                    return None
+        elif op == "placeholder":
+            if node.args:
+                return None
+        elif op not in ("get_attr", "output"):
+            return None
+        for n in node._input_nodes:
+            if n not in seen:
+                seen.add(n)
+                last_uses.setdefault(node, []).append(n)
+
+    globals_ = {}
+    for name, (_, obj) in _custom_builtins.items():  # as add_global adds them
+        if _is_from_torch(obj) and obj != torch.device:
+            continue
+        globals_[namespace.create_name(name, obj)] = obj
+
+    free_vars, body = [], []
+    append = body.append
+    rewrite = codegen._body_transformer.statements
+    for node in nodes:
+        op, name = node.op, node.name
+        if op == "placeholder":
+            free_vars.append(node.target)
+            raw = node.target.replace("*", "")
+            if raw != name:
+                append(f"{name} = {raw}\n")
+            continue
+        if op == "call_function":
+            target = targets.get(node)
+            if target is None:  # getitem
+                a, b = node.args
+                append(f"{name} = {a!r}[{b!r}]")
+            else:
+                args = ", ".join([repr(a) for a in node.args])
+                if node.kwargs:
+                    kw = ", ".join([f"{k} = {v!r}" for k, v in node.kwargs.items()])
+                    args = f"{args}, {kw}" if args else kw
+                append(f"{name} = {target}({args})")
+        elif op == "get_attr":
+            head = f"{name} = "
+            access = rewrite.get(head)
+            append(head + (access if access is not None else _fx_format_target(root_module, node.target)))
+        else:  # output
+            append(codegen.generate_output(node.args[0]))
+            append("\n")
+            continue
+        dead = last_uses.get(node)
+        if dead:
+            append(";  " + " = ".join([n.name for n in dead] + ["None"]) + "\n")
+        else:
+            append("\n")
+    if not body:
+        body.append("pass\n")
+    if codegen._body_transformer:
+        body = codegen._body_transformer(body)
+    for name, value in codegen.additional_globals():
+        if _is_from_torch(value) and value != torch.device:
+            continue
+        globals_[namespace.create_name(name, value)] = value
+    prologue = codegen.gen_fn_def(free_vars, "")
+    code = "".join(body)
+    code = "\n".join("    " + line for line in code.split("\n"))
+    return PythonCode(f"\n\n\n{prologue}\n{code}", globals_)
+
+
+def _fx_format_target(base, target):
+    from torch.fx.graph import _format_target
+    return _format_target(base, target)
 
 
 class _BodyRewrite:

@@ -253,3 +253,50 @@ def test_first_calls_from_several_threads_agree():
 
     assert run_in_threads(call, threads=4, calls=5) == []
     assert wrong == [] and runs_cpp(gm)
+
+
+# --- Note [Code of aten graphs] in _runtime.py -------------------------------------
+
+def _programs():
+    def kwargs_and_constants(x):
+        a = torch.sum(x, dim=1, keepdim=True, dtype=torch.float64)
+        b = torch.zeros(3, device="cpu", dtype=torch.float16) + 0.1
+        values, indices = torch.max(x, dim=1)
+        c = torch.nn.functional.interpolate(x[None], scale_factor=1.5, mode="linear")
+        return a, b, values * indices, c, x.to(torch.float64).clamp(min=-float("inf"), max=0.25)
+
+    bn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    return [
+        ("resnet18", lambda: torchcap.trace(torchvision.models.resnet18().eval(),
+                                            (torch.randn(1, 3, 32, 32),))),
+        ("mobilenet_v3_small", lambda: torchcap.trace(torchvision.models.mobilenet_v3_small().eval(),
+                                                      (torch.randn(2, 3, 32, 32),))),
+        ("keywords", lambda: torchcap.trace(Scaled(), *scaled_inputs())),
+        ("constants", lambda: torchcap.trace(kwargs_and_constants, (torch.randn(3, 4),))),
+        ("exported_batch_norm", lambda: torchcap.export(bn, (torch.randn(2, 3, 8, 8),))),
+        ("input_writes", lambda: torchcap.trace(lambda t: t.mul_(2).sum(), (torch.randn(3),),
+                                                allow_input_mutation=True)),
+        ("nothing_computed", lambda: torchcap.trace(lambda t: t, (torch.randn(3),))),
+    ]
+
+
+@pytest.mark.parametrize("name,make", _programs(), ids=[n for n, _ in _programs()])
+def test_the_code_of_aten_graphs_is_torch_fx_s(name, make, monkeypatch):
+    from torchcap import _runtime
+    gm = make()
+    fast = gm.graph.python_code(root_module="self")
+    monkeypatch.setattr(_runtime, "_aten_python_code", lambda *args: None)
+    slow = gm.graph.python_code(root_module="self")
+    assert fast.src == slow.src
+    assert fast.globals.keys() == slow.globals.keys()
+    assert all(fast.globals[k] is slow.globals[k] for k in slow.globals)
+
+
+def test_a_graph_calling_other_functions_gets_torch_fx_s_code():
+    gm = torchcap.trace(lambda t: t.relu(), (torch.randn(3),))
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node.target = torch.neg  # not an aten operator
+    gm.recompile()
+    assert "torch.neg(" in gm.code
+    assert torch.equal(gm(torch.ones(3)), -torch.ones(3))
