@@ -21,24 +21,6 @@ from torchcap._runtime import (_ANY_TENSOR, _FIRST_USE_LOCK, TorchcapCodeGen, _C
                                _set_generated_code, _set_graph_generating_code_later, _spec_unflatten)
 
 
-def _set_tensor(gm, name, tensor, is_parameter):
-    owner = gm
-    *path, leaf = name.split(".")
-    for part in path:
-        child = owner._modules.get(part)
-        if child is None:
-            # The names are a module's own attribute paths, so add_module's
-            # checks (which cost a failed attribute lookup each) cannot fail.
-            child = owner._modules[part] = torch.nn.Module()
-        owner = child
-    if is_parameter and isinstance(tensor, torch.nn.Parameter):
-        owner._parameters[leaf] = tensor
-        owner._buffers.pop(leaf, None)
-    else:
-        owner._parameters.pop(leaf, None)
-        owner._buffers[leaf] = tensor
-
-
 def _module_maker():
     """A function making a torch.nn.Module as torch.nn.Module() makes it.
 

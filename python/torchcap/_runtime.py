@@ -846,7 +846,7 @@ class _CheckedCall:
         self.wrapped = wrapped
 
     def __call__(self, obj, /, *args, **kwargs):
-        spec = getattr(obj, "in_spec", None)
+        spec = obj.__dict__.get("in_spec")  # a plain attribute: looked up, it would attach
         if spec is not None and not _fits(spec, (args, kwargs)):
             args, kwargs = _bound_as_traced(obj, spec, args, kwargs)
         inputs = obj.__dict__.get("_torchcap_inputs")

@@ -16,7 +16,7 @@ buffers are the returned module's own tensors, updated by each call.
 import torch
 
 from torchcap._errors import Error, TraceError
-from torchcap._bridge import _attribute, _set_tensor, _to_fx
+from torchcap._bridge import _to_fx
 from torchcap._runtime import _InputMeta
 from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _check_args, _module_contents,
                              _require_C)
@@ -122,20 +122,20 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
         if error is None:
             raise
         raise error.with_traceback(e.__traceback__) from None
-    step = _to_fx(graph, {}, checked=True)
-    # Note [Inputs of the traced shapes] in _runtime.py: each step's inputs are
-    # checked (a plain attribute, as _capture sets it: Note [Attributes
-    # attached on first use] in _trace.py).
-    step.__dict__["_torchcap_inputs"] = tuple(
-        _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in (*args, *targets))
     # The step computes its gradients itself: its parameters do not require
     # grad (autograd would record every call, and refuses some of the backward
     # operators' arguments), as in torchcap.load's modules. Parameters the
     # step updates are its own copies; without an optimizer they are the
-    # module's (detached, same storage).
-    for name, kind, _ in graph.attributes():
-        if kind == "parameter":
-            t = _attribute(step, name)
-            _set_tensor(step, name, torch.nn.Parameter(t.detach(), requires_grad=False), True)
-    step.training_signature = [tuple(entry) for entry in graph.training_signature()]
+    # module's (detached, same storage). Set in the C++ graph, whose tensors
+    # the module's attributes are once attached (Note [Attributes attached on
+    # first use] in _bridge.py).
+    graph = graph.with_attributes([
+        (name, torch.nn.Parameter(t.detach(), requires_grad=False))
+        for name, kind, t in graph.attributes() if kind == "parameter"])
+    step = _to_fx(graph, {}, checked=True)
+    # Note [Inputs of the traced shapes] in _runtime.py: each step's inputs are
+    # checked (a plain attribute, as _capture sets it).
+    step.__dict__["_torchcap_inputs"] = tuple(
+        _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in (*args, *targets))
+    step.__dict__["training_signature"] = [tuple(entry) for entry in graph.training_signature()]
     return step

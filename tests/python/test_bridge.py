@@ -300,3 +300,24 @@ def test_a_graph_calling_other_functions_gets_torch_fx_s_code():
     gm.recompile()
     assert "torch.neg(" in gm.code
     assert torch.equal(gm(torch.ones(3)), -torch.ones(3))
+
+
+def test_a_training_step_runs_the_cpp_graph_as_its_code_would():
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 5))
+    twin = copy.deepcopy(model)
+    x, y = torch.randn(4, 3, 6, 6), torch.randint(0, 5, (4,))
+
+    def step_of(m):
+        return torchcap.export_training(m, F.cross_entropy, (x,), (y,),
+                                        optimizer=torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+
+    by_cpp, by_fx = step_of(model), step_of(twin)
+    by_fx.recompile()
+    for _ in range(3):
+        got, want = by_cpp(x, y), by_fx(x, y)
+        assert runs_cpp(by_cpp) and not runs_cpp(by_fx)
+        assert torch.equal(got["loss"], want["loss"])
+    for (name, a), b in zip(by_cpp.state_dict().items(), by_fx.state_dict().values()):
+        assert torch.equal(a, b), name
