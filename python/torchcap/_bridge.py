@@ -293,11 +293,13 @@ def _traced_module_maker():
 def _getattr_of_traced(self, name):
     # Note [First use from several threads] in _runtime.py.
     with _FIRST_USE_LOCK:
-        _attach_attributes(self)
         if name == "_graph" and "_torchcap_build_graph" in self.__dict__:
+            # The graph needs no attributes (its get_attr nodes name them).
             _set_graph_generating_code_later(self, self.__dict__["_torchcap_build_graph"]())
             del self.__dict__["_torchcap_build_graph"]
             _settle(self)
+            return self.__dict__["_graph"]
+        _attach_attributes(self)
         if name in self.__dict__:
             return self.__dict__[name]
     return torch.nn.Module.__getattr__(self, name)

@@ -397,11 +397,12 @@ def _set_graph_generating_code_later(gm, graph):
     forward and _code are replaced until then.
     """
     cls = type(gm)
-    cls.recompile = lambda self: None  # what setting the graph would call
-    try:
-        gm.graph = graph
-    finally:
-        del cls.recompile
+    # What GraphModule's graph setter does, but generating the code: through
+    # __dict__, which a traced module's own __setattr__ would first attach
+    # its attributes to (Note [Attributes attached on first use] in _bridge.py).
+    assert isinstance(graph, torch.fx.Graph)
+    gm.__dict__["_graph"] = graph
+    graph.owning_module = gm
     if not _runs_cpp_graph(cls):  # that forward stays until recompile()
         cls.forward = _forward_after_generating_code
     cls._code = property(_generated_code, _set_generated_code)
