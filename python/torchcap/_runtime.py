@@ -196,13 +196,13 @@ class TorchcapCodeGen(CodeGen):
 
 # Note [Code of aten graphs]
 # torch.fx's code generator serves every graph a Python tracer makes, and
-# costs about 7 us a node (map_arg over each node's arguments to find last
-# uses, a global looked up per call, a type annotation considered per node):
-# as much as building the graph. For the graphs torchcap makes (placeholders
+# costs as much as building the graph (map_arg over each node's arguments to
+# find last uses, a global looked up per call, a type annotation considered
+# per node; docs/benchmarks.md). For the graphs torchcap makes (placeholders
 # without defaults, get_attr, aten operators and getitem, one output, no
 # type annotations) the same text is made here, statement for statement as
 # CodeGen._gen_python_code makes it (the same reprs of the same arguments,
-# the same deletions after last uses, the same globals), for about a third.
+# the same deletions after last uses, the same globals), in less time.
 # Any other graph (one the user edited to call other functions, say) gets
 # torch.fx's. tests/python/test_bridge.py compares the two on every graph it
 # can make.

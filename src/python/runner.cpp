@@ -1,8 +1,8 @@
 // Note [Calls run from the C++ graph]
 // A traced, exported or loaded module's torch.fx code is generated and
-// compiled by torch.fx, which costs a trace's time many times over (about
-// 25 us a node, against 1 for the trace): a program that traces a model and
-// calls it would wait for torch.fx to serve one call. So until someone
+// compiled by torch.fx, which costs a trace's time many times over
+// (docs/benchmarks.md): a program that traces a model and calls it would
+// wait for torch.fx to serve one call. So until someone
 // needs the torch.fx code (editing the graph and recompile(), or a call this
 // runner declines), the module's forward runs the C++ graph it was made
 // from with the interpreter (include/torchcap/interpreter.h), built on the
