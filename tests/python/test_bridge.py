@@ -321,3 +321,21 @@ def test_a_training_step_runs_the_cpp_graph_as_its_code_would():
         assert torch.equal(got["loss"], want["loss"])
     for (name, a), b in zip(by_cpp.state_dict().items(), by_fx.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_every_kind_of_module_is_a_graph_module_torch_fx_tools_run(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    x = torch.randn(3, 4)
+    traced = torchcap.trace(model, (x,))
+    torchcap.save(traced, str(tmp_path / "m.tcg"))
+    modules = {"traced": traced, "exported": torchcap.export(model, (x,)),
+               "loaded": torchcap.load(str(tmp_path / "m.tcg"))}
+    with torch.no_grad():
+        want = model(x)
+        for kind, gm in modules.items():
+            assert isinstance(gm, torch.fx.GraphModule), kind
+            assert torch.equal(gm(x), want), kind
+            assert runs_cpp(gm), kind
+            # torch.fx's own interpreter, over the graph made on request.
+            assert torch.equal(torch.fx.Interpreter(gm).run(x), want), kind
+            assert "torch.ops.aten.addmm.default" in gm.code, kind
