@@ -227,7 +227,7 @@ def _traced_class_attributes():
     attributes = {"__getattr__": _getattr_of_traced, **_ATTACHING_METHODS,
                   "__deepcopy__": _deepcopy_traced(torch.fx.GraphModule.__deepcopy__),
                   "__reduce__": _reduce_traced,
-                  "forward": _forward_first_call, "train": _train,
+                  "forward": _FORWARD_ON_FIRST_USE, "train": _train,
                   "_code": property(_generated_code, _set_generated_code)}
     for name in ("__reduce_package__", "__reduce_deploy__"):
         attributes[name] = _after_making_code(getattr(torch.fx.GraphModule, name))
@@ -409,15 +409,26 @@ def _as_traced(gm):
 
 # --- Calls ------------------------------------------------------------------------
 
-def _forward_first_call(self, *args, **kwargs):
-    """A traced module's forward until its first call, which makes the one
+class _ForwardMadeOnFirstUse:
+    """A traced module's forward until it is first looked up (called, or its
+    signature read, as TorchScript's tracer reads it), which makes the one
     that runs the C++ graph (Note [Calls run from the C++ graph] in
-    src/python/runner.cpp)."""
-    _make_forward(self)
-    return self.forward(*args, **kwargs)
+    src/python/runner.cpp), with the signature of torch.fx's code."""
+
+    _torchcap_runs_cpp = True
+
+    def __get__(self, module, owner=None):
+        if module is None:
+            return self
+        _make_forward(module)
+        return type(module).__dict__["forward"].__get__(module, owner)
+
+    @staticmethod
+    def _torchcap_make(module):
+        _make_forward(module)
 
 
-_forward_first_call._torchcap_runs_cpp = True
+_FORWARD_ON_FIRST_USE = _ForwardMadeOnFirstUse()
 
 
 def _make_forward(gm):
@@ -426,13 +437,10 @@ def _make_forward(gm):
     with _FIRST_USE_LOCK:
         cls = type(gm)
         forward = cls.__dict__.get("forward")
-        if forward is _forward_first_call:
+        if forward is _FORWARD_ON_FIRST_USE:
             cls.forward = _cpp_forward(gm)
         elif forward is _forward_after_generating_code:
             gm.recompile()
-
-
-_forward_first_call._torchcap_make = _make_forward
 
 
 # The names the code of _cpp_forward reads besides forward's parameters.

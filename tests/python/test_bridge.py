@@ -339,3 +339,20 @@ def test_every_kind_of_module_is_a_graph_module_torch_fx_tools_run(tmp_path):
             # torch.fx's own interpreter, over the graph made on request.
             assert torch.equal(torch.fx.Interpreter(gm).run(x), want), kind
             assert "torch.ops.aten.addmm.default" in gm.code, kind
+
+
+def test_autocast_and_torchscript_s_tracer_see_the_operators():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    x = torch.randn(2, 4)
+    gm = torchcap.trace(model, (x,))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = gm(x), model(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+    gm = torchcap.trace(model, (x,))
+    with torch.no_grad():
+        scripted = torch.jit.trace(gm, (x,))
+    kinds = {n.kind() for n in scripted.graph.nodes()}
+    assert "aten::addmm" in kinds and "aten::relu" in kinds, kinds
+    with torch.no_grad():
+        assert torch.equal(scripted(x), model(x))
