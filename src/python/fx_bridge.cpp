@@ -26,6 +26,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <c10/util/flat_hash_map.h>
 #include <pybind11/stl.h>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -379,8 +380,20 @@ class FxBuilder {
   }
 
   // torchcap.load's _tensor_metadata(dtype, sizes, strides): a TensorMetadata
-  // with no grad, no memory format, not quantized.
+  // with no grad, no memory format, not quantized. Nodes of the same dtype,
+  // sizes and strides share one, as an immutable value (a tuple) may: fewer
+  // objects to make, and for Python's collector to walk afterwards.
   py::object tensor_meta(const TensorMeta& t) {
+    auto key = std::make_tuple(t.dtype, std::vector<int64_t>(t.sizes.begin(), t.sizes.end()),
+                               std::vector<int64_t>(t.strides.begin(), t.strides.end()));
+    auto known = tensor_metas_.find(key);
+    if (known != tensor_metas_.end()) return known->second;
+    py::object made = make_tensor_meta(t);
+    tensor_metas_.emplace(std::move(key), made);
+    return made;
+  }
+
+  py::object make_tensor_meta(const TensorMeta& t) {
     py::object shape = py::reinterpret_steal<py::object>(
         THPSize_NewFromSizes(static_cast<int>(t.sizes.size()), t.sizes.data()));
     if (!shape) throw py::error_already_set();
@@ -462,6 +475,7 @@ class FxBuilder {
   std::unordered_map<const Node*, py::object> env_;
   std::unordered_map<std::string, py::object> ops_by_name_;
   std::unordered_map<const void*, py::object> stack_texts_;
+  std::map<std::tuple<c10::ScalarType, std::vector<int64_t>, std::vector<int64_t>>, py::object> tensor_metas_;
   std::unordered_map<const void*, py::object> module_stacks_;
 };
 
