@@ -215,7 +215,7 @@ def _aten_python_code(codegen, nodes, root_module, namespace):
     import operator
 
     from torch.fx.graph import PythonCode, _custom_builtins, _is_from_torch, _get_qualified_name
-    getitem, overload = operator.getitem, torch._ops.OpOverload
+    getitem, overload, fx_node = operator.getitem, torch._ops.OpOverload, torch.fx.Node
     nodes = list(nodes)
     targets = {}
     last_uses, seen = {}, set()
@@ -273,9 +273,11 @@ def _aten_python_code(codegen, nodes, root_module, namespace):
                 a, b = node.args
                 append(f"{name} = {a!r}[{b!r}]")
             else:
-                args = ", ".join([repr(a) for a in node.args])
+                # A node's repr is its name, without calling Node.__repr__.
+                args = ", ".join([a.name if type(a) is fx_node else repr(a) for a in node.args])
                 if node.kwargs:
-                    kw = ", ".join([f"{k} = {v!r}" for k, v in node.kwargs.items()])
+                    kw = ", ".join([f"{k} = {v.name if type(v) is fx_node else repr(v)}"
+                                    for k, v in node.kwargs.items()])
                     args = f"{args}, {kw}" if args else kw
                 append(f"{name} = {target}({args})")
         elif op == "get_attr":
@@ -293,8 +295,11 @@ def _aten_python_code(codegen, nodes, root_module, namespace):
             append("\n")
     if not body:
         body.append("pass\n")
-    if codegen._body_transformer:
-        body = codegen._body_transformer(body)
+    transform = codegen._body_transformer
+    if isinstance(transform, _BodyRewrite):
+        body = transform.locked(body)  # get_attr statements are written above as it rewrites them
+    elif transform:
+        body = transform(body)
     for name, value in codegen.additional_globals():
         if _is_from_torch(value) and value != torch.device:
             continue
@@ -328,13 +333,17 @@ class _BodyRewrite:
             head = line.split(" = ", 1)[0] + " = "
             access = self.statements.get(head)
             out.append(head + access if access is not None else line)
+        return self.locked(out)
+
+    def locked(self, body):
+        """The body, under the module's lock if the graph writes buffers back."""
         if self.lock is None:
-            return out
+            return body
         # Elements are not lines (a statement and its deletions, the output's
         # lines), so the joined text is indented line by line; no line of
         # torch.fx's code continues a string of the line before.
         name, root = self.lock
-        lines = "".join(out).split("\n")
+        lines = "".join(body).split("\n")
         return [f"with {name}({root}):\n" + "\n".join("    " + l if l else l for l in lines)]
 
 
