@@ -602,7 +602,7 @@ void check_not_empty(const CLI::App* cmd, const std::string& option, const std::
 int main_impl(int argc, char** argv) {
   CLI::App app{"torchcap: capture LibTorch programs as graphs", "torchcap"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "torchcap 0.1.0");
+  app.set_version_flag("--version", "torchcap " TORCHCAP_VERSION);  // torchcap.__version__
 
   TraceCommand trace_args;
   std::string output, svg, file;

@@ -1500,3 +1500,15 @@ def test_save_an_edited_trace(tmp_path):
     loaded = torchcap.load(tmp_path / "e.tcg")
     with torch.no_grad():
         torch.testing.assert_close(loaded(x)[0], torch.sigmoid(m[0](x)))
+
+
+# --- The package ---------------------------------------------------------------------------------
+
+def test_the_version_is_the_commands_and_the_format_docs_name_it():
+    assert re.fullmatch(r"\d+\.\d+\.\d+", torchcap.__version__)
+    shown = subprocess.run([os.environ["TORCHCAP_CLI"], "--version"], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert shown == f"torchcap {torchcap.__version__}"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+    with open(os.path.join(root, "docs", "FORMAT.md")) as f:
+        assert f"\n| {torchcap.__version__} |" in f.read()
