@@ -1,5 +1,7 @@
 #include <torchcap/passes.h>
 
+#include "passes/inference.h"
+
 #include <algorithm>
 
 namespace torchcap {
@@ -61,6 +63,9 @@ const std::vector<NamedPass>& named_passes() {
       {"shapes", "recompute every node's dtype, shape and strides on meta tensors "
                  "(propagate_shapes)",
        [](GraphModule& gm) { return propagate_shapes(gm); }},
+      {"fold_bn", "fold eval-mode batch norms into the convolutions before them "
+                  "(inference graphs; weights rounded once)",
+       [](GraphModule& gm) { return detail::fold_batch_norms(gm); }},
   };
   return passes;
 }
