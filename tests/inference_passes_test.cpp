@@ -114,10 +114,15 @@ TEST(FoldBatchNorms, ResNet18ByNameAgreesWithTheUnfoldedGraph) {
   EXPECT_EQ(count(folded, "aten::native_batch_norm"), 0u);
   EXPECT_EQ(count(folded, "aten::convolution"), count(gm, "aten::convolution"));
   EXPECT_LT(folded.graph().size(), gm.graph().size());
+  InterpreterOptions planned;  // and the memory planner composes with it
+  planned.plan_memory = true;
+  Interpreter folded_planned(folded, planned);
   for (uint64_t seed : {1, 2}) {
     std::vector<c10::IValue> inputs = e.make_inputs(seed);
     at::Tensor want = Interpreter(gm).run(inputs).toTensor();
-    EXPECT_TRUE(at::allclose(Interpreter(folded).run(inputs).toTensor(), want, 1e-4, 1e-5)) << seed;
+    at::Tensor got = Interpreter(folded).run(inputs).toTensor();
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << seed;
+    EXPECT_TRUE(at::equal(folded_planned.run(inputs).toTensor(), got)) << seed;
   }
 }
 
