@@ -7,7 +7,9 @@
 // runner declines), the module's forward runs the C++ graph it was made
 // from with the interpreter (include/torchcap/interpreter.h), built on the
 // first call. The same kernels run on the same values as the generated code
-// would call, so the results are the same.
+// would call, so the results are the same; the plans are made again when an
+// attribute's memory was replaced since (`p.data = t`, module.to()), since
+// they hold views of attributes computed once (AttributeState).
 //
 // A call in grad mode whose inputs or attributes require grad (gm(x) with
 // the model's own parameters, outside no_grad) runs on a second interpreter,
@@ -54,13 +56,37 @@ bool plain_dispatch() {
   return !torch::jit::tracer::isTracing();
 }
 
+// What a run's plan took of an attribute tensor: a tensor's data can be
+// replaced without replacing the tensor (`p.data = t`, which `module.to()`
+// does too), and the plan holds views of attributes computed once (Note
+// [Views of attributes, computed once] in src/runtime/plan_passes/fold_views.cpp).
+struct AttributeState {
+  const c10::StorageImpl* storage = nullptr;
+  const void* data = nullptr;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+
+  static AttributeState of(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return {};
+    return {t.storage().unsafeGetStorageImpl(), t.storage().data(), t.scalar_type(), t.sizes().vec(),
+            t.strides().vec(), t.storage_offset()};
+  }
+  bool same_as(const at::Tensor& t) const {
+    if (!t.defined() || !t.has_storage()) return storage == nullptr;
+    return t.storage().unsafeGetStorageImpl() == storage && t.storage().data() == data &&
+           t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+           t.storage_offset() == offset;
+  }
+};
+
 class Runner {
  public:
   // `module`: a _C.GraphModule, which is never changed once made.
   explicit Runner(py::object module) : module_(std::move(module)), gm_(module_.cast<const GraphModule&>()) {
     for (const Attribute& a : gm_.attributes()) attributes_.push_back(a.value);
     py::gil_scoped_release no_gil;
-    inference_ = std::make_unique<Interpreter>(gm_);
+    plan();
   }
 
   // The flat user outputs of a run on the flat input tensors, or None where
@@ -82,14 +108,23 @@ class Runner {
     } else {
       requires_grad = false;
     }
-    const Interpreter* interpreter = inference_.get();
+    // The plans are made again if an attribute's data was replaced since,
+    // holding the GIL, as every change of this runner is made (runs under
+    // way, which do not hold it, keep the plan they started with).
+    for (size_t i = 0; i < attributes_.size(); ++i) {
+      if (!states_[i].same_as(attributes_[i])) {
+        plan();
+        break;
+      }
+    }
+    std::shared_ptr<const Interpreter> interpreter = inference_;
     if (requires_grad) {
       if (!autograd_) {  // made under the GIL, so once
         InterpreterOptions options;
         options.autograd = true;
-        autograd_ = std::make_unique<Interpreter>(gm_, options);
+        autograd_ = std::make_shared<const Interpreter>(gm_, options);
       }
-      interpreter = autograd_.get();
+      interpreter = autograd_;
     }
     std::vector<at::Tensor> outputs;
     {
@@ -104,11 +139,19 @@ class Runner {
   }
 
  private:
+  void plan() {
+    states_.clear();
+    for (const at::Tensor& a : attributes_) states_.push_back(AttributeState::of(a));
+    inference_ = std::make_shared<const Interpreter>(gm_);
+    autograd_.reset();
+  }
+
   py::object module_;  // holds gm_
   const GraphModule& gm_;
-  std::vector<at::Tensor> attributes_;  // the graph's, as the interpreters hold them
-  std::unique_ptr<const Interpreter> inference_;
-  std::unique_ptr<const Interpreter> autograd_;  // the first call under autograd makes it
+  std::vector<at::Tensor> attributes_;   // the graph's, as the interpreters hold them
+  std::vector<AttributeState> states_;   // theirs when the plans were made
+  std::shared_ptr<const Interpreter> inference_;
+  std::shared_ptr<const Interpreter> autograd_;  // the first call under autograd makes it
 };
 
 }  // namespace

@@ -359,3 +359,20 @@ def test_autocast_and_torchscript_s_tracer_see_the_operators():
     assert "aten::addmm" in kinds and "aten::relu" in kinds, kinds
     with torch.no_grad():
         assert torch.equal(scripted(x), model(x))
+
+
+def test_weights_whose_data_was_replaced_are_what_runs():
+    # `p.data = t` keeps the parameter and replaces its memory (module.to()
+    # does it too): the interpreter's plan is made again, never run stale.
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    x = torch.randn(2, 4)
+    gm = torchcap.trace(model, (x,))
+    with torch.no_grad():
+        gm(x)
+        model[0].weight.data = torch.randn(3, 4)
+        assert torch.equal(gm(x), model(x))
+        model[2].weight.data = torch.randn(2, 3).t().contiguous().t()  # other strides
+        assert torch.equal(gm(x), model(x))
+        model[0].bias.add_(1)  # in place, as before
+        assert torch.equal(gm(x), model(x))
+    assert runs_cpp(gm)
