@@ -14,11 +14,12 @@ import torch.nn
 from torch.fx.graph_module import _WrappedCall
 
 from torchcap._errors import Error
-from torchcap._runtime import (_ANY_TENSOR, _FIRST_USE_LOCK, TorchcapCodeGen, _CheckedCall, _KeywordCodeGen,
-                               _Spec, _check_loaded_inputs, _cyclic_gc_paused, _file_input_meta,
+from torchcap._codegen import TorchcapCodeGen, _KeywordCodeGen, _Spec, _spec_unflatten
+from torchcap._runtime import (_ANY_TENSOR, _FIRST_USE_LOCK, _CheckedCall,
+                               _check_loaded_inputs, _cyclic_gc_paused, _file_input_meta,
                                _forward_after_generating_code, _generated_code,
                                _refuse_pickling, _refuse_unbound_weights, _runs_cpp_graph,
-                               _set_generated_code, _set_graph_generating_code_later, _spec_unflatten)
+                               _set_generated_code, _set_graph_generating_code_later)
 
 
 def _module_maker():

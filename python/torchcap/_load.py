@@ -42,9 +42,10 @@ from torchcap._tcg_file import (_ALIGNMENT, _DTYPES, _HEADER_SIZE, _INT64_MAX, _
                                 _LAYOUTS, _MEMORY_FORMATS, _NODE_NAME, _RESERVED_NODE_NAMES,
                                 _STORABLE_DTYPES,
                                 _is_int, _json_type, _Lazy, _TcgFile)
-from torchcap._runtime import (_ANY_TENSOR, TorchcapCodeGen, _check_loaded_inputs,
-                               _cyclic_gc_paused, _file_input_meta, _refuse_unbound_weights,
-                               _set_graph_generating_code_later, _Spec)
+from torchcap._codegen import TorchcapCodeGen, _Spec
+from torchcap._runtime import (_ANY_TENSOR, _check_loaded_inputs, _cyclic_gc_paused,
+                               _file_input_meta, _refuse_unbound_weights,
+                               _set_graph_generating_code_later)
 from torchcap._weights import _bind
 
 try:

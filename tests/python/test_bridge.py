@@ -256,7 +256,7 @@ def test_first_calls_from_several_threads_agree():
     assert wrong == [] and runs_cpp(gm)
 
 
-# --- Note [Code of aten graphs] in _runtime.py -------------------------------------
+# --- Note [Code of aten graphs] in _codegen.py -------------------------------------
 
 def _programs():
     def kwargs_and_constants(x):
@@ -283,10 +283,10 @@ def _programs():
 
 @pytest.mark.parametrize("name,make", _programs(), ids=[n for n, _ in _programs()])
 def test_the_code_of_aten_graphs_is_torch_fx_s(name, make, monkeypatch):
-    from torchcap import _runtime
+    from torchcap import _codegen
     gm = make()
     fast = gm.graph.python_code(root_module="self")
-    monkeypatch.setattr(_runtime, "_aten_python_code", lambda *args: None)
+    monkeypatch.setattr(_codegen, "_aten_python_code", lambda *args: None)
     slow = gm.graph.python_code(root_module="self")
     assert fast.src == slow.src
     assert fast.globals.keys() == slow.globals.keys()

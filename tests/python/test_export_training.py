@@ -132,7 +132,7 @@ def test_pickled_step_trains_on():
 
 @pytest.mark.parametrize("loaded", [False, True])
 def test_steps_from_several_threads(tmp_path, loaded):
-    # Note [Concurrent runs that write buffers back] in _runtime.py: steps
+    # Note [Concurrent runs that write buffers back] in _codegen.py: steps
     # taken from 8 threads at once are each a whole step, as if taken one
     # after another (unserialized, about 240 of 800 BatchNorm updates were
     # kept, and the parameters' updates as few).

@@ -268,7 +268,7 @@ def test_call_with_another_argument_structure_is_a_clear_error():
 
 
 def test_keywords_that_are_no_parameter_names(tmp_path):
-    # Note [Keywords that are no parameter names] in _runtime.py: a Python
+    # Note [Keywords that are no parameter names] in _codegen.py: a Python
     # keyword, a name the generated code reads (torch, getattr, float), a
     # placeholder's name, or a parameter of torchcap's own call path, each
     # passed by the caller's own keyword.
@@ -679,7 +679,7 @@ def test_export_input_mutation():
 
 @pytest.mark.parametrize("made_by", ["trace", "export", "load"])
 def test_buffer_updates_from_several_threads(tmp_path, made_by):
-    # Note [Concurrent runs that write buffers back] in _runtime.py: runs of a
+    # Note [Concurrent runs that write buffers back] in _codegen.py: runs of a
     # module that write buffers back are serialized, so no update is lost
     # (the exported module reached about 190 of 800). A traced module
     # (allow_input_mutation or not) writes its buffers in place, as eager.
@@ -706,10 +706,10 @@ def test_buffer_updates_from_several_threads(tmp_path, made_by):
     assert "with _buffer_updates_lock(self):" in gm.code
     # One lock per module: while it is held, the module's runs wait and
     # another module's go ahead; copies have their own.
-    from torchcap import _runtime
+    from torchcap import _codegen
     other = copy.deepcopy(gm)
-    assert _runtime._buffer_updates_lock(other) is not _runtime._buffer_updates_lock(gm)
-    with _runtime._buffer_updates_lock(gm):
+    assert _codegen._buffer_updates_lock(other) is not _codegen._buffer_updates_lock(gm)
+    with _codegen._buffer_updates_lock(gm):
         waiting = threading.Thread(target=gm, args=(x,))
         waiting.start()
         assert run_in_threads(lambda: other(x), threads=2, calls=5) == []

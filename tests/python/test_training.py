@@ -59,7 +59,7 @@ def test_a_saved_step_continues(fixture, tmp_path):
 
 
 def test_steps_from_several_threads(fixture):
-    # Note [Concurrent runs that write buffers back] in _runtime.py: a step of
+    # Note [Concurrent runs that write buffers back] in _codegen.py: a step of
     # a file loaded in Python, taken from 8 threads at once, is each time a
     # whole step, as the C++ Interpreter's runs are; after them the state is
     # that of as many steps one after another (the same batch each time).
