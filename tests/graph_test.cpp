@@ -261,7 +261,7 @@ TEST(Graph, CopyIsDeepAndIdentical) {
   Node* x = g.placeholder("x");
   Node* w = g.get_attr("w");
   Node* mm = g.call_function("aten::mm", {x, w});
-  mm->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {2, 3}, {3, 1}, c10::kCPU});
+  mm->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {2, 3}, {3, 1}, c10::kCPU, nullptr});
   Node* top = g.call_function("aten::topk", {mm, 2}, {{"largest", false}});
   g.output({g.getitem(top, 1)});
 

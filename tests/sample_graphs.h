@@ -53,7 +53,7 @@ inline GraphModule sample_module() {
   idx->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 5}));
   w->meta().val = ValueMeta::tensor(meta(c10::kFloat, {5, 4}));
   b->meta().val = ValueMeta::tensor(meta(c10::kFloat, {5}));
-  t->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {4, 5}, {1, 4}, c10::kCPU});
+  t->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {4, 5}, {1, 4}, c10::kCPU, nullptr});
   addmm->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 5}));
   top->meta().val =
       ValueMeta{ValueKind::Tuple, {meta(c10::kFloat, {2, 3}), meta(c10::kLong, {2, 3})}};

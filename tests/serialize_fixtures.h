@@ -302,7 +302,7 @@ inline GraphModule every_argument_module() {
       ModuleStack({ModuleFrame{"block1-0.class", "m\xc3\xb6" "dule.Odd"}});
   x->meta().val = ValueMeta::tensor(meta(c10::kFloat, {2, 3}));
   x->meta().val.tensors[0].strides = {1, 2};
-  idx->meta().val = ValueMeta::tensor(TensorMeta{c10::kLong, {4}, {1}, c10::Device(c10::kCUDA, 0)});
+  idx->meta().val = ValueMeta::tensor(TensorMeta{c10::kLong, {4}, {1}, c10::Device(c10::kCUDA, 0), nullptr});
 
   g.output(results);
   gm.set_flat_specs();

@@ -925,7 +925,7 @@ TEST(Load, NodesUnderAnEscapedKeyStillLoad) {
 // shapes] (src/serialize/shapes.cpp).
 
 TensorMeta shape(std::vector<int64_t> sizes, c10::ScalarType dtype = c10::kFloat) {
-  TensorMeta m{dtype, {}, {}, c10::Device(c10::kCPU)};
+  TensorMeta m{dtype, {}, {}, c10::Device(c10::kCPU), nullptr};
   m.sizes.assign(sizes.begin(), sizes.end());
   int64_t stride = 1;
   m.strides.resize(sizes.size());
@@ -1358,7 +1358,7 @@ TEST(Save, NodesAreTheTextNlohmannJsonWouldDump) {
   GraphModule gm;
   Graph& g = gm.graph();
   Node* x = g.placeholder("x");
-  x->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {2, 3}, {3, 1}, c10::Device(c10::kCPU)});
+  x->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {2, 3}, {3, 1}, c10::Device(c10::kCPU), nullptr});
   Node* prev = x;
   for (double d : {0.1, 1e300, -0.0, 2.0, 5e-324, std::numeric_limits<double>::infinity(),
                    -std::numeric_limits<double>::infinity(), std::nan("")}) {

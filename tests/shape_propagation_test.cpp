@@ -53,7 +53,7 @@ TEST(ShapePropagation, FollowsNewInputShapes) {
     return c10::IValue(at::matmul(in[0].toTensor(), in[1].toTensor()).sum(0));
   }, {at::randn({2, 3}), at::randn({3, 4})});
   Node* ph0 = gm.graph().find("ph_0");
-  ph0->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {7, 3}, {3, 1}, c10::kCPU});
+  ph0->meta().val = ValueMeta::tensor(TensorMeta{c10::kFloat, {7, 3}, {3, 1}, c10::kCPU, nullptr});
   EXPECT_TRUE(propagate_shapes(gm));
   const Node* out = gm.graph().output_node()->args()[0].to_list()[0].to_node();
   EXPECT_EQ(out->meta().val.str(), "f32[4]");

@@ -82,6 +82,10 @@ class GraphEvaluator {
   virtual Value get_attr(const Node& n) = 0;
   virtual Value call_operator(const Node& n, const std::vector<BoundArgument>& args) = 0;
   virtual Value getitem(const Node& n, const Value& source, int64_t index) = 0;
+  // A size computation (node.h), in a dynamic graph. Default: Error; graphs
+  // with dynamic sizes run specialized to their inputs' sizes
+  // (specialize() in passes.h), which leaves none.
+  virtual Value size_computation(const Node& n);
   // After a node's value is known (not for the output node).
   virtual void visited(const Node& /*n*/, const Value& /*value*/) {}
   // Whether values are dropped after their last use (fx's Interpreter does).
@@ -165,7 +169,13 @@ std::vector<c10::IValue> make_stack(const std::vector<BoundArgument>& args, Valu
 // whose last reader it is (the output node keeps what it returns).
 std::unordered_map<const Node*, std::vector<const Node*>> last_uses(const Graph& g);
 [[noreturn]] void throw_no_value(const Node* n);
+[[noreturn]] void throw_dynamic_size(const Node& n);
 }  // namespace detail
+
+template <typename Value>
+Value GraphEvaluator<Value>::size_computation(const Node& n) {
+  detail::throw_dynamic_size(n);
+}
 
 template <typename Value>
 std::vector<Value> GraphEvaluator<Value>::run() {
@@ -186,6 +196,8 @@ std::vector<Value> GraphEvaluator<Value>::run() {
       case OpCode::CallFunction:
         if (n->is_getitem()) {
           v = getitem(*n, value_of(n->args()[0].to_node()), n->args()[1].to_int());
+        } else if (n->is_size_computation()) {
+          v = size_computation(*n);
         } else {
           v = call_operator(*n, detail::bind_arguments(*n));
         }

@@ -63,6 +63,9 @@ class Graph {
                       ArgumentList args, Kwargs kwargs = {});
   // Output `index` of a node that produces several values.
   Node* getitem(Node* value, int64_t index, const std::string& name = {});
+  // A size computation (node.h): `target` is kSymSize, "add", "sub", "mul" or
+  // "floordiv"; throws Error for another.
+  Node* size_computation(const std::string& target, ArgumentList args, const std::string& name = {});
   // The graph's single output; `results` are its flattened values (nodes or none).
   Node* output(ArgumentList results);
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <torchcap/graph.h>
+#include <torchcap/symbolic.h>
 #include <torchcap/tree_spec.h>
 
 #include <ATen/core/Tensor.h>
@@ -120,6 +121,10 @@ class GraphModule {
   // first, which are the leaves of out_spec, then buffer and input
   // mutations. lint() checks there is one per output value.
   std::vector<OutputSpec> output_specs;
+  // A dynamic graph's symbols (symbolic.h): symbol i prints as `s<i>`. Empty
+  // in a graph whose sizes are all fixed.
+  std::vector<Symbol> symbols;
+  bool is_dynamic() const { return !symbols.empty(); }
 
   GraphSignature signature() const;
   // Output values that are the program's result (the rest are mutations).
@@ -135,7 +140,8 @@ class GraphModule {
 
   // Graph lint plus: every get_attr names an attribute; the number of
   // placeholders and output values match the specs; the output specs name
-  // existing buffers and placeholders.
+  // existing buffers and placeholders; symbols name dimensions of inputs, and
+  // size expressions use only the symbols there are.
   void lint() const;
 
   // A deep copy of the graph; tensors are shared, not copied.

@@ -13,6 +13,13 @@
 // back (an exported train-mode BatchNorm, say) are serialized: each sees the
 // buffer updates of the runs before it, as successive calls of the program
 // would.
+//
+// A dynamic graph (symbolic.h) runs at any sizes its symbols' ranges allow:
+// each run reads the sizes from its inputs, and runs the plan of the graph
+// specialized to them (specialize() in passes.h), made on the first run at
+// those sizes and kept for the 8 sizes run last (Note [Dynamic graphs run
+// specialized] in src/runtime/interpreter.cpp). memory_plan() and
+// planned_operators() then describe the plan at the traced sizes.
 #pragma once
 
 #include <torchcap/graph_module.h>

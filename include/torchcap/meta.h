@@ -2,6 +2,8 @@
 // ("val" in torch.fx) and where in the user's program it came from.
 #pragma once
 
+#include <torchcap/symbolic.h>
+
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/SmallVector.h>
@@ -29,17 +31,23 @@ struct TensorMeta {
   Dims sizes;
   Dims strides;
   c10::Device device = c10::Device(c10::kCPU);
+  // In a dynamic graph (symbolic.h), the sizes and strides as expressions of
+  // the symbols, when some depend on them; `sizes` and `strides` are then
+  // those of the trace the graph was kept from. Null in static graphs.
+  std::shared_ptr<const SymbolicShape> symbolic;
 
   static TensorMeta of(const at::Tensor& t);
 
   int64_t numel() const;
   bool is_contiguous() const;
-  // "f32[2, 10]"; strides are not shown.
+  // "f32[2, 10]", "f32[s0, 10]"; strides are not shown.
   std::string str() const;
 
   friend bool operator==(const TensorMeta& a, const TensorMeta& b) {
     return a.dtype == b.dtype && a.sizes == b.sizes && a.strides == b.strides &&
-           a.device == b.device;
+           a.device == b.device &&
+           (a.symbolic == b.symbolic ||
+            (a.symbolic != nullptr && b.symbolic != nullptr && *a.symbolic == *b.symbolic));
   }
   friend bool operator!=(const TensorMeta& a, const TensorMeta& b) { return !(a == b); }
 };

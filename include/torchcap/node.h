@@ -38,6 +38,15 @@ const char* opcode_name(OpCode op);
 // node that produces several values (FX's `operator.getitem`).
 inline constexpr const char* kGetItem = "getitem";
 
+// Size computations, the integer-valued nodes of dynamic graphs (symbolic.h),
+// as torch.fx's symbolic traces spell them: `sym_size(x, d)` is dimension d of
+// tensor x (aten.sym_size), and `add`, `sub`, `mul`, `floordiv` combine two
+// integers, each a size computation or a constant (operator.add, ...). They
+// feed the integer arguments of operators (view's sizes, arange's end).
+inline constexpr const char* kSymSize = "sym_size";
+// Whether `target` names a size computation.
+bool is_size_target(const std::string& target);
+
 class Node {
  public:
   Node(const Node&) = delete;
@@ -50,9 +59,11 @@ class Node {
 
   // placeholder: its name; get_attr: the attribute path ("layer1.0.conv1.weight");
   // call_function: the qualified operator name with overload ("aten::add.Tensor",
-  // "aten::addmm") or kGetItem; output: "output".
+  // "aten::addmm"), kGetItem or a size computation's; output: "output".
   const std::string& target() const;
-  bool is_getitem() const { return op_ == OpCode::CallFunction && !handle_; }
+  bool is_getitem() const { return op_ == OpCode::CallFunction && !handle_ && !size_computation_; }
+  // A size computation (kSymSize, add, sub, mul, floordiv): its value is an integer.
+  bool is_size_computation() const { return size_computation_; }
   // A call_function of an operator (not getitem).
   bool is_operator() const { return handle_.has_value(); }
   // The operator, resolved once when the node was created. Only for is_operator().
@@ -113,6 +124,7 @@ class Node {
 
   Graph* graph_;
   OpCode op_;
+  bool size_computation_ = false;
   std::string name_;
   // The target of nodes that do not call an operator; empty for those that do.
   std::string target_;

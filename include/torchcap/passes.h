@@ -34,6 +34,21 @@ bool eliminate_common_subexpressions(Graph& g);
 // changed.
 bool propagate_shapes(GraphModule& gm);
 
+// --- Dynamic graphs (symbolic.h) ----------------------------------------------
+
+// The value of each of a dynamic graph's symbols in a call with these flat
+// input tensors (one per placeholder). Checks every input against its
+// placeholder's recorded dtype, rank and sizes, fixed or symbolic: a size
+// out of its symbol's range, or two dimensions of one symbol that differ,
+// throw one InputError naming the inputs, dimensions and conditions.
+std::vector<int64_t> symbol_values(const GraphModule& gm, c10::ArrayRef<at::Tensor> inputs);
+
+// The graph of a dynamic module at fixed sizes (one value per symbol, each
+// in its range): size computations become constants and metadata takes the
+// sizes and strides its expressions give. The result has no symbols, shares
+// the attributes, and runs wherever a traced graph does.
+GraphModule specialize(const GraphModule& gm, c10::ArrayRef<int64_t> values);
+
 // --- Analyses ------------------------------------------------------------------
 
 // Whether `g` is free of mutation and aliasing: no operator that writes an

@@ -39,6 +39,25 @@
 
 namespace torchcap {
 
+// A dimension of an input that the graph must take at any size in [min, max]
+// (Note [Dynamic shapes by aligned traces] in src/trace/dynamic.cpp).
+// `input` counts the program's input tensors in flattening order (the
+// placeholders: for trace(model, {x, y}), x is 0 and y is 1); a negative
+// `dim` counts from the end. Dimensions given the same name are one symbol,
+// equal in every call; an empty name makes a symbol of its own.
+struct DynamicDim {
+  size_t input = 0;
+  int64_t dim = 0;
+  std::string name;
+  // The smallest size a call may have. 2 by default, as torch.export: a
+  // program traced at sizes of 2 or more may take another path at 1 (a
+  // squeeze, a broadcast). Asking for 1 (or 0) makes the trace also check
+  // the graph at that size: shapes it would compute there must be those the
+  // program computes, else the trace fails.
+  int64_t min = 2;
+  int64_t max = kNoMaxSize;
+};
+
 struct TraceOptions {
   // Record where every node came from: the user's stack trace (capture is
   // cheap; symbolizing happens only when a node's stack trace is read) and,
@@ -81,6 +100,15 @@ struct TraceOptions {
   // a view of one, as trace() does, while writes of in-place operators to
   // inputs are exported. Upstream's dispatch_trace treats inputs this way.
   bool refuse_out_into_inputs = false;
+  // Input dimensions the graph takes at any size in their range (symbolic.h).
+  // The program is traced more than once, at other sizes of those
+  // dimensions made from the example inputs (each extra trace in meta mode
+  // where it can run so), and the graphs aligned: the result is one graph
+  // whose size arguments are computed from its inputs' sizes. A trace at a
+  // size that fails, or that records a different graph (control flow on a
+  // size), fails the whole trace with TraceError naming the sizes and the
+  // first node that differs.
+  std::vector<DynamicDim> dynamic;
 };
 
 namespace detail {

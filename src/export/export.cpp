@@ -1,4 +1,5 @@
 // export_program and the functionalizing re-trace (upstream's dispatch_trace).
+
 #include <torchcap/error.h>
 #include <torchcap/evaluator.h>
 #include <torchcap/export.h>
@@ -8,6 +9,7 @@
 #include "graph/ivalue_conversion.h"
 #include "graph/operator_facts.h"
 #include "kernels/meta_kernels.h"
+#include "trace/dynamic.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 #include "trace/tracing_tensor.h"
@@ -341,26 +343,47 @@ TraceOptions first_trace_options(const TraceOptions& options) {
   return first;
 }
 
+// An exported graph at the inputs' sizes, or, with dynamic dimensions, the
+// exported graphs at several sizes aligned into one (Note [Dynamic shapes
+// by aligned traces] in src/trace/dynamic.cpp). Export re-traces for real,
+// so every trace runs for real.
+GraphModule export_at(const std::function<GraphModule(const std::vector<c10::IValue>&, const TraceOptions&)>& trace_first,
+                      const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
+  if (options.dynamic.empty()) {
+    return finish_export(trace_first(inputs, first_trace_options(options)), inputs, options);
+  }
+  TraceOptions fixed = options;
+  fixed.dynamic.clear();
+  auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, bool) {
+    GraphModule exported = finish_export(trace_first(at_inputs, first_trace_options(fixed)), at_inputs, fixed);
+    return TraceResult{std::move(exported), c10::IValue()};
+  };
+  return detail::trace_dynamic(trace_at, inputs, options.dynamic, /*meta_allowed=*/false).module;
+}
+
 }  // namespace
 
 GraphModule detail::export_function(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
                                     const TraceOptions& options) {
-  return finish_export(trace(fn, inputs, first_trace_options(options)), inputs, options);
+  return export_at([&](const auto& in, const TraceOptions& o) { return trace(fn, in, o); }, inputs, options);
 }
 
 GraphModule export_program(torch::nn::Module& module, const TracedFunction& forward,
                            const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
-  return finish_export(trace(module, forward, inputs, first_trace_options(options)), inputs, options);
+  return export_at([&](const auto& in, const TraceOptions& o) { return trace(module, forward, in, o); },
+                   inputs, options);
 }
 
 GraphModule export_program(const ModuleState& state, const TracedFunction& fn,
                            const std::vector<c10::IValue>& inputs, const TraceOptions& options) {
-  return finish_export(trace(state, fn, inputs, first_trace_options(options)), inputs, options);
+  return export_at([&](const auto& in, const TraceOptions& o) { return trace(state, fn, in, o); }, inputs,
+                   options);
 }
 
 GraphModule export_program(torch::jit::Module& module, const std::vector<c10::IValue>& inputs,
                            const TraceOptions& options) {
-  return finish_export(trace(module, inputs, first_trace_options(options)), inputs, options);
+  return export_at([&](const auto& in, const TraceOptions& o) { return trace(module, in, o); }, inputs,
+                   options);
 }
 
 }  // namespace torchcap

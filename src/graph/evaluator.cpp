@@ -43,7 +43,7 @@ namespace {
 
 TensorMeta meta_of(const at::Tensor& t) {
   // An undefined result is what the tracer hands on as an empty tensor.
-  if (!t.defined()) return TensorMeta{c10::ScalarType::Float, {0}, {1}, c10::Device(c10::kCPU)};
+  if (!t.defined()) return TensorMeta{c10::ScalarType::Float, {0}, {1}, c10::Device(c10::kCPU), nullptr};
   return TensorMeta::of(t);
 }
 
@@ -95,6 +95,13 @@ void throw_no_value(const Node* n) {
   throw Error("evaluating the graph: %" + n->name() +
               " has no value (a multi-output node used without getitem, or a node that returns "
               "nothing)");
+}
+
+void throw_dynamic_size(const Node& n) {
+  throw Error("evaluating the graph: %" + n.name() + " (" + n.target() +
+              ") computes a dynamic size; this runs graphs of fixed sizes: specialize the graph "
+              "to its inputs' sizes first (specialize() in torchcap/passes.h), as the "
+              "Interpreter does");
 }
 
 }  // namespace detail

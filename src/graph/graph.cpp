@@ -334,6 +334,14 @@ Node* Graph::getitem(Node* value, int64_t index, const std::string& name) {
                 std::nullopt, nullptr, {value, index}, {});
 }
 
+Node* Graph::size_computation(const std::string& target, ArgumentList args, const std::string& name) {
+  if (!is_size_target(target)) {
+    throw Error("size_computation: '" + target + "' is not one (sym_size, add, sub, mul, floordiv)");
+  }
+  return create(OpCode::CallFunction, name.empty() ? target : name, target, std::nullopt, nullptr,
+                std::move(args), {});
+}
+
 Node* Graph::output(ArgumentList results) {
   if (output_node() != nullptr) throw Error("output: the graph already has an output node");
   InsertPointGuard at_end(*this, InsertPoint::at_end());

@@ -198,6 +198,66 @@ at::Tensor in_recorded_layout(const at::Tensor& w, const at::Tensor& recorded) {
   return out;
 }
 
+
+// "# s0 = batch in [1, 64]: ph_0 dim 0, ph_1 dim 0" per symbol.
+std::string symbols_str(const std::vector<Symbol>& symbols) {
+  std::string out;
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    const Symbol& s = symbols[i];
+    out += "# " + symbol_name(i) + (s.label == symbol_name(i) ? "" : " (" + s.label + ")") + " in [" +
+           std::to_string(s.min) + ", " + (s.max == kNoMaxSize ? "inf" : std::to_string(s.max)) +
+           "]: ";
+    for (size_t k = 0; k < s.dims.size(); ++k) {
+      out += (k ? ", " : "") + std::string("input ") + std::to_string(s.dims[k].input) + " dim " +
+             std::to_string(s.dims[k].dim);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+void lint_symbolic_meta(const Node& n, size_t num_symbols) {
+  for (const TensorMeta& m : n.meta().val.tensors) {
+    if (m.symbolic == nullptr) continue;
+    const SymbolicShape& s = *m.symbolic;
+    if (s.sizes.size() != m.sizes.size() || s.strides.size() != m.strides.size()) {
+      throw LintError("lint: %" + n.name() + " has " + std::to_string(s.sizes.size()) +
+                      " size expressions for " + std::to_string(m.sizes.size()) + " dimensions");
+    }
+    for (const std::vector<SizeExpr>* exprs : {&s.sizes, &s.strides}) {
+      for (const SizeExpr& e : *exprs) {
+        if (e.num_symbols_used() > num_symbols) {
+          throw LintError("lint: %" + n.name() + "'s size " + e.str() + " uses a symbol the module has not (" +
+                          std::to_string(num_symbols) + " symbols)");
+        }
+      }
+    }
+  }
+}
+
+void lint_symbols(const std::vector<Symbol>& symbols, const std::vector<const Node*>& inputs) {
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    const Symbol& s = symbols[i];
+    std::string where = "lint: symbol " + symbol_name(i) + " (" + s.label + ")";
+    if (s.dims.empty()) throw LintError(where + " names no input dimension");
+    if (s.min < 0 || s.min > s.max) {
+      throw LintError(where + " has the empty or negative range [" + std::to_string(s.min) + ", " +
+                      std::to_string(s.max) + "]");
+    }
+    for (const InputDim& d : s.dims) {
+      if (d.input >= inputs.size()) {
+        throw LintError(where + " names input " + std::to_string(d.input) + " of " +
+                        std::to_string(inputs.size()));
+      }
+      const ValueMeta& val = inputs[d.input]->meta().val;
+      if (val.kind != ValueKind::Tensor || val.tensors.empty() || d.dim < 0 ||
+          d.dim >= static_cast<int64_t>(val.tensors[0].sizes.size())) {
+        throw LintError(where + " names dimension " + std::to_string(d.dim) + " of %" +
+                        inputs[d.input]->name() + ", which has no such recorded dimension");
+      }
+    }
+  }
+}
 }  // namespace
 
 void GraphModule::bind_weights(const NamedTensors& weights, const BindOptions& options) {
@@ -288,13 +348,19 @@ void GraphModule::bind_weights(const NamedTensors& weights, const BindOptions& o
 void GraphModule::lint() const {
   graph_->lint();
   size_t placeholders = 0;
+  std::vector<const Node*> inputs;
   for (const Node* n : *graph_) {
-    if (n->op() == OpCode::Placeholder) ++placeholders;
+    if (n->op() == OpCode::Placeholder) {
+      ++placeholders;
+      inputs.push_back(n);
+    }
+    lint_symbolic_meta(*n, symbols.size());
     if (n->op() == OpCode::GetAttr && !has_attribute(n->target())) {
       throw LintError("lint: get_attr %" + n->name() + " reads attribute '" + n->target() +
                       "', which the GraphModule does not have");
     }
   }
+  lint_symbols(symbols, inputs);
   if (placeholders != in_spec.num_leaves()) {
     throw LintError("lint: the graph has " + std::to_string(placeholders) +
                     " placeholders but the input spec " + in_spec.str() + " has " +
@@ -351,6 +417,7 @@ GraphModule GraphModule::clone() const {
   gm.in_spec = in_spec;
   gm.out_spec = out_spec;
   gm.output_specs = output_specs;
+  gm.symbols = symbols;
   return gm;
 }
 
@@ -361,6 +428,7 @@ std::string GraphModule::str(bool with_source) const {
            (a.value.defined() ? TensorMeta::of(a.value).str() : std::string("undefined")) + "\n";
   }
   out += "# inputs: " + in_spec.str() + "\n# outputs: " + out_spec.str() + "\n";
+  out += symbols_str(symbols);
   if (has_mutation_outputs()) {
     const ArgumentList& results = graph_->output_node()->args()[0].to_list();
     out += "# signature:\n";

@@ -169,6 +169,11 @@ void Graph::lint() const {
         break;
       case OpCode::CallFunction: {
         seen_non_placeholder = true;
+        if (n->is_size_computation()) {
+          std::string problem = detail::check_size_computation(*n);
+          if (!problem.empty()) fail("node " + ref(n) + ": " + problem);
+          break;
+        }
         if (n->is_getitem()) {
           if (n->target() != kGetItem) {
             fail("call_function " + ref(n) + " has target '" + n->target() +

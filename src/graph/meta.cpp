@@ -71,7 +71,13 @@ bool TensorMeta::is_contiguous() const {
 std::string TensorMeta::str() const {
   std::ostringstream os;
   os << dtype_short_name(dtype);
-  append_sizes(os, sizes);
+  if (symbolic != nullptr) {
+    os << '[';
+    for (size_t d = 0; d < symbolic->sizes.size(); ++d) os << (d ? ", " : "") << symbolic->sizes[d].str();
+    os << ']';
+  } else {
+    append_sizes(os, sizes);
+  }
   if (device.type() != c10::kCPU) os << '@' << device.str();
   return os.str();
 }

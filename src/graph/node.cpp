@@ -31,12 +31,18 @@ Node::Node(Graph* graph, OpCode op, std::string name, std::string target,
            std::optional<c10::OperatorHandle> handle, const detail::OperatorIdentity* identity)
     : graph_(graph),
       op_(op),
+      size_computation_(op == OpCode::CallFunction && !handle.has_value() && is_size_target(target)),
       name_(std::move(name)),
       target_(std::move(target)),
       handle_(std::move(handle)),
       operator_(identity) {
   TORCH_INTERNAL_ASSERT(handle_.has_value() == (operator_ != nullptr) &&
                         (operator_ == nullptr || target_.empty()));
+}
+
+bool is_size_target(const std::string& target) {
+  return target == kSymSize || target == "add" || target == "sub" || target == "mul" ||
+         target == "floordiv";
 }
 
 const std::string& Node::target() const {
@@ -174,7 +180,7 @@ Node* Node::next() const { return next_ == graph_->root_ ? nullptr : next_; }
 
 bool Node::has_side_effects() const {
   if (op_ == OpCode::Output || op_ == OpCode::Placeholder) return true;
-  if (!handle_) return false;  // get_attr, getitem
+  if (!handle_) return false;  // get_attr, getitem, size computations
   const detail::OperatorFacts& f = facts();
   if (f.returns_nothing || f.writes_declared) return true;
   // Hidden writes, when they happen, to the written arguments given.
@@ -188,7 +194,7 @@ namespace detail {
 
 std::vector<const Argument*> written_arguments(const Node& n) {
   std::vector<const Argument*> out;
-  if (n.op() != OpCode::CallFunction || n.is_getitem()) return out;
+  if (!n.is_operator()) return out;
   const c10::FunctionSchema& s = n.op_handle().schema();
   const OperatorFacts& f = n.facts();
   if (!f.writes_any()) return out;

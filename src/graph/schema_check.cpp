@@ -25,6 +25,7 @@ Produces produces(const Node& n) {
       break;
   }
   if (n.is_getitem()) return Produces::Tensor;
+  if (n.is_size_computation()) return Produces::Scalar;
   const auto& returns = n.schema().returns();
   if (returns.empty()) return Produces::Nothing;
   if (returns.size() > 1) return Produces::Tuple;
@@ -71,13 +72,14 @@ bool fits(const c10::Type& type, const Argument& a) {
       return is_tensor_node(a);
     case K::IntType:
     case K::SymIntType:
-      return a.is_int();
+      return a.is_int() || (a.is_node() && a.to_node()->is_size_computation());
     case K::FloatType:
       return a.is_double() || a.is_int();
     case K::BoolType:
       return a.is_bool();
     case K::NumberType:
-      return a.is_int() || a.is_double() || a.is_bool();
+      return a.is_int() || a.is_double() || a.is_bool() ||
+             (a.is_node() && a.to_node()->is_size_computation());
     case K::StringType:
       return a.is_string();
     case K::ScalarTypeType:
@@ -215,6 +217,11 @@ bool integers_of(const c10::Type& declared, const Argument& a, c10::SmallVector<
                  bool& list) {
   const c10::Type& t = unwrap_optional(declared);
   if (a.is_none()) return false;
+  // A size computed at run time (a dynamic graph) is checked once known:
+  // specialize() lints the graph it makes.
+  bool computed = false;
+  a.for_each_node([&](Node*) { computed = true; });
+  if (computed) return false;
   if (is_int_type(t)) {
     out.assign(1, a.to_int());
     list = false;
@@ -334,6 +341,25 @@ std::string check_schema_arguments(const Node& n, const c10::FunctionSchema& sch
     }
   }
   return check_integers(op, schema, given);
+}
+
+std::string check_size_computation(const Node& n) {
+  if (!n.kwargs().empty() || n.args().size() != 2) {
+    return n.target() + " takes two arguments and no keyword arguments";
+  }
+  if (n.target() == kSymSize) {
+    if (!is_tensor_node(n.args()[0]) || !n.args()[1].is_int()) {
+      return "sym_size takes (a Tensor node, a dimension), got (" + std::string(describe(n.args()[0])) +
+             ", " + describe(n.args()[1]) + ")";
+    }
+    return "";
+  }
+  for (const Argument& a : n.args()) {
+    if (!a.is_int() && !(a.is_node() && a.to_node()->is_size_computation())) {
+      return n.target() + " takes integers or size computations, got " + describe(a);
+    }
+  }
+  return "";
 }
 
 std::string check_getitem(const Node& n) {
@@ -626,6 +652,10 @@ constexpr TrustingKernel kTrustingKernels[] = {
 
 std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
   if (!n.is_operator()) return "";
+  // Sizes computed at run time are checked in the graph specialize() makes.
+  for (const Node* in : n.inputs()) {
+    if (in->is_size_computation()) return "";
+  }
   const c10::FunctionSchema& schema = n.schema();
   bool tensors = false;
   for (const c10::Argument& a : schema.arguments()) {

@@ -30,6 +30,8 @@ std::string check_trusting_kernels(const Node& n, MetaOf meta_of);
 
 // Empty if a getitem node is well formed; otherwise the problem.
 std::string check_getitem(const Node& n);
+// Empty if a size computation is well formed; otherwise the problem.
+std::string check_size_computation(const Node& n);
 
 }  // namespace detail
 }  // namespace torchcap

@@ -16,7 +16,7 @@ namespace {
 bool is_pure(const Node& n) {
   if (n.op() == OpCode::GetAttr) return true;
   if (n.op() != OpCode::CallFunction) return false;
-  if (n.is_getitem()) return true;
+  if (n.is_getitem() || n.is_size_computation()) return true;
   const c10::OperatorHandle& op = n.op_handle();
   const detail::OperatorFacts& f = n.facts();
   // An argument that is written or viewed, or a result that is a view (a

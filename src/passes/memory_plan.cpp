@@ -148,6 +148,7 @@ class BufferAnalysis {
       add_alias(root, n);
       return;
     }
+    if (n.is_size_computation()) return;  // an integer
     const c10::FunctionSchema& schema = n.schema();
     const auto& returns = schema.returns();
     detail::Produces produces = detail::produces(n);

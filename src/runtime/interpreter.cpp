@@ -2,6 +2,7 @@
 // the plan passes (plan_passes.h), run from flat tables.
 #include <torchcap/error.h>
 #include <torchcap/interpreter.h>
+#include <torchcap/passes.h>
 
 #include "runtime/plan.h"
 #include "runtime/plan_passes.h"
@@ -12,6 +13,7 @@
 #include <ATen/ops/empty_strided.h>
 
 #include <algorithm>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -356,7 +358,8 @@ std::vector<at::Tensor> execute(const detail::InterpreterPlan& plan, const std::
 
 // The interpreter's plan: built, then improved by the plan passes in their
 // order (kPlanPasses, plan_passes.h).
-std::unique_ptr<detail::InterpreterPlan> plan_for(const GraphModule& gm, const InterpreterOptions& options) {
+std::unique_ptr<detail::InterpreterPlan> static_plan_for(const GraphModule& gm,
+                                                         const InterpreterOptions& options) {
   std::unique_ptr<detail::InterpreterPlan> plan = detail::build_plan(gm, options);
   for (const detail::PlanPass& pass : detail::kPlanPasses) pass.run(*plan, gm.graph());
   return plan;
@@ -364,8 +367,77 @@ std::unique_ptr<detail::InterpreterPlan> plan_for(const GraphModule& gm, const I
 
 }  // namespace
 
+// Note [Dynamic graphs run specialized]
+// A dynamic graph (symbolic.h) runs as the static graph of its call's sizes:
+// a run reads the symbols' values from its inputs (symbol_values, which
+// checks every input against the expressions and ranges), and runs the plan
+// of specialize(gm, values), made on the first run at those sizes and kept.
+// So everything a static plan does (its passes, the memory plan, sized for
+// those sizes) holds at every size, and a run at sizes met before costs the
+// look-up only. Plans are kept for the kMaxPlans sizes run last.
+struct detail::DynamicPlans {
+  static constexpr size_t kMaxPlans = 8;
+
+  GraphModule gm;
+  InterpreterOptions options;
+  std::mutex mutex;
+  // Most recently run first.
+  std::list<std::pair<std::vector<int64_t>, std::shared_ptr<const InterpreterPlan>>> plans;
+  // The plan at the traced sizes, made when the interpreter is: it says
+  // what the graph's plans say whatever the sizes (write-backs, updates).
+  std::shared_ptr<const InterpreterPlan> first;
+
+  std::shared_ptr<const InterpreterPlan> plan_at(const std::vector<int64_t>& values) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      for (auto it = plans.begin(); it != plans.end(); ++it) {
+        if (it->first == values) {
+          plans.splice(plans.begin(), plans, it);
+          return plans.front().second;
+        }
+      }
+    }
+    std::shared_ptr<const InterpreterPlan> plan = static_plan_for(specialize(gm, values), options);
+    std::lock_guard<std::mutex> lock(mutex);
+    plans.emplace_front(values, plan);
+    if (plans.size() > kMaxPlans) plans.pop_back();
+    return plan;
+  }
+};
+
+namespace {
+
+std::unique_ptr<detail::InterpreterPlan> plan_for(const GraphModule& gm, const InterpreterOptions& options) {
+  if (!gm.is_dynamic()) return static_plan_for(gm, options);
+  gm.lint();
+  auto plan = std::make_unique<detail::InterpreterPlan>();
+  plan->in_spec = gm.in_spec;
+  plan->out_spec = gm.out_spec;
+  plan->num_user_outputs = gm.num_user_outputs();
+  for (const Node* n : gm.graph().placeholders()) {
+    detail::InputCheck check;
+    check.name = n->name();
+    plan->inputs.push_back(std::move(check));
+  }
+  plan->dynamic = std::make_shared<detail::DynamicPlans>();
+  detail::DynamicPlans& dynamic = *plan->dynamic;
+  dynamic.gm = gm.clone();
+  dynamic.options = options;
+  // The traced sizes: each symbol's first dimension, as its placeholder recorded it.
+  std::vector<int64_t> traced;
+  const std::vector<Node*> inputs = gm.graph().placeholders();
+  for (const Symbol& s : gm.symbols) {
+    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
+  }
+  dynamic.first = dynamic.plan_at(traced);
+  return plan;
+}
+
+}  // namespace
+
 std::vector<at::Tensor> detail::run_plan(const InterpreterPlan& plan, const std::vector<at::Tensor>& inputs,
                                          RunStats& stats) {
+  if (plan.dynamic) return run_plan(*plan.dynamic->plan_at(symbol_values(plan.dynamic->gm, inputs)), inputs, stats);
   check_inputs(plan, inputs);
   check_bound(plan, inputs);
   // Note [Concurrent runs that update buffers]
@@ -409,18 +481,21 @@ size_t Interpreter::num_outputs() const { return plan_->num_user_outputs; }
 
 std::vector<std::string> Interpreter::updated_in_place() const {
   std::vector<std::string> names;
-  for (const auto& wb : plan_->write_backs) {
+  const detail::InterpreterPlan& plan = plan_->dynamic ? *plan_->dynamic->first : *plan_;
+  for (const auto& wb : plan.write_backs) {
     if (wb.in_place) names.push_back(wb.target);
   }
   return names;
 }
 
 const MemoryPlan* Interpreter::memory_plan() const {
-  return plan_->memory ? &plan_->memory->plan() : nullptr;
+  const detail::InterpreterPlan& plan = plan_->dynamic ? *plan_->dynamic->first : *plan_;
+  return plan.memory ? &plan.memory->plan() : nullptr;
 }
 
 std::vector<OperatorPlan> Interpreter::planned_operators() const {
-  return plan_->memory ? plan_->memory->operators() : std::vector<OperatorPlan>{};
+  const detail::InterpreterPlan& plan = plan_->dynamic ? *plan_->dynamic->first : *plan_;
+  return plan.memory ? plan.memory->operators() : std::vector<OperatorPlan>{};
 }
 
 std::vector<at::Tensor> Interpreter::run_flat(const std::vector<at::Tensor>& inputs) const {

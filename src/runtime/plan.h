@@ -130,6 +130,10 @@ struct InterpreterPlan {
   TreeSpec out_spec;
   std::unique_ptr<PlannedMemory> memory;  // planned interpreters only
   bool autograd = false;                  // InterpreterOptions::autograd
+  // A dynamic graph's plan holds only the specs and the input names; a run
+  // takes the plan of its sizes from here (Note [Dynamic graphs run
+  // specialized] in interpreter.cpp).
+  std::shared_ptr<struct DynamicPlans> dynamic;
 };
 
 // The plan of `gm`, one instruction per operator node, before any plan pass.

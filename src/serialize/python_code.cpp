@@ -178,7 +178,10 @@ std::string python_code(const GraphModule& gm) {
         stmt = n->name() + " = " + attribute_access(n->target());
         break;
       case OpCode::CallFunction: {
-        std::string call = n->is_getitem() ? std::string("operator.getitem") : operator_access(*n);
+        std::string call = n->is_getitem()             ? std::string("operator.getitem")
+                           : !n->is_size_computation() ? operator_access(*n)
+                           : n->target() == kSymSize  ? std::string("torch.ops.aten.sym_size")
+                                                      : "operator." + n->target();
         call += "(";
         bool first = true;
         for (const Argument& a : n->args()) {

@@ -4,6 +4,7 @@
 
 #include "graph/operator_name.h"
 #include "kernels/meta_kernels.h"
+#include "trace/dynamic.h"
 #include "trace/dispatch_key.h"
 #include "trace/trace_state.h"
 #include "trace/tracing_tensor.h"
@@ -424,6 +425,15 @@ const ModuleTensor* ModuleTensors::find(const c10::TensorImpl* t) const {
 
 TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
                       const TraceOptions& options, const ModuleState& state) {
+  if (!options.dynamic.empty()) {
+    auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, bool meta) {
+      TraceOptions fixed = options;
+      fixed.dynamic.clear();
+      fixed.meta = fixed.meta || meta;
+      return run_trace(fn, at_inputs, fixed, state);
+    };
+    return trace_dynamic(trace_at, inputs, options.dynamic, /*meta_allowed=*/true);
+  }
   ensure_tracer_registered();
   if (options.meta) ensure_meta_kernels();  // Note [Meta kernels LibTorch 1.13 lacks]
   TraceState st(options, ModuleTensors(state));
