@@ -160,6 +160,31 @@ TEST(DynamicTrace, SizeOneIsCheckedWhenAskedFor) {
   EXPECT_TRUE(trace(fn, {torch::randn({2, 3})}, options).is_dynamic());
 }
 
+// A file whose expressions are damaged is refused naming the field.
+TEST(DynamicTrace, DamagedSymbolicFilesAreRefused) {
+  auto fn = [](std::vector<c10::IValue> in) -> c10::IValue {
+    at::Tensor x = in[0].toTensor();
+    return x.view({x.size(0) * 2, -1});
+  };
+  TraceOptions options;
+  options.dynamic = {{0, 0, "batch"}};
+  std::string bytes = save_to_string(trace(fn, {torch::randn({2, 4})}, options));
+  auto damaged = [&](const std::string& from, const std::string& to) {
+    std::string copy = bytes;
+    size_t at = copy.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    copy.replace(at, from.size(), to);
+    LoadOptions no_checksums;
+    no_checksums.verify_checksums = false;
+    return error_of([&] { load_from_buffer(copy.data(), copy.size(), "f.tcg", no_checksums); });
+  };
+  EXPECT_NE(damaged("\"2*s0\"", "\"2*x0\"").find("expected a symbol"), std::string::npos);
+  EXPECT_NE(damaged("\"2*s0\"", "\"2*s7\"").find("uses a symbol the module has not"), std::string::npos);
+  EXPECT_NE(damaged("\"dims\":[[0,0]]", "\"dims\":[[0,5]]").find("no such recorded dimension"),
+            std::string::npos);
+  EXPECT_NE(damaged("\"target\":\"mul\"", "\"target\":\"pow\"").find("pow"), std::string::npos);
+}
+
 TEST(DynamicTrace, BadDynamicDimensionsAreRefused) {
   auto fn = [](std::vector<c10::IValue> in) -> c10::IValue { return in[0].toTensor() * 2; };
   TraceOptions options;
@@ -216,6 +241,19 @@ TEST(DynamicTrace, DecoderTakesAnyBatchAndLength) {
   }
   std::string e = error_of([&] { interp.run({torch::randint(0, 50, {2, 17})}); });
   EXPECT_NE(e.find("outside the range [1, 16] of s1 (seq)"), std::string::npos) << e;
+
+  // Saved and loaded (format 1.4), the same.
+  std::string bytes = save_to_string(gm);
+  EXPECT_EQ(static_cast<unsigned char>(bytes[10]), 4);  // minor version
+  GraphModule loaded = load_from_buffer(bytes.data(), bytes.size());
+  ASSERT_TRUE(loaded.is_dynamic());
+  EXPECT_EQ(loaded.symbols, gm.symbols);
+  EXPECT_EQ(loaded.str(), gm.str());
+  Interpreter run_loaded(loaded);
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{{2, 13}, {6, 2}}) {
+    at::Tensor x = torch::randint(0, 50, {b, t});
+    EXPECT_LT(examples::max_abs_diff(run_loaded.run({x}), forward({x})), 1e-5) << b << "x" << t;
+  }
 
   // Exported, the same.
   GraphModule exported = export_program(*decoder, forward, {tokens}, options);

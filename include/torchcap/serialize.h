@@ -29,10 +29,10 @@ namespace torchcap {
 // version with any minor version (minor versions only add optional content).
 inline constexpr uint16_t kFormatMajorVersion = 1;
 // Version 1.1 added checksums, 1.2 source lines in stack frames and module
-// stacks, 1.3 weightless tensors (saved without their values); files of
-// every earlier version are still read. A module without weightless tensors
-// is written as version 1.2, which older readers read too.
-inline constexpr uint16_t kFormatMinorVersion = 3;
+// stacks, 1.3 weightless tensors (saved without their values), 1.4 dynamic
+// graphs (symbolic.h); files of every earlier version are still read. A
+// module with neither is written as version 1.2, which older readers read too.
+inline constexpr uint16_t kFormatMinorVersion = 4;
 
 struct LoadOptions {
   // Check the CRC-32 checksums a file of version 1.1 or later carries: of its

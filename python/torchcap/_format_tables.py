@@ -7,7 +7,7 @@ TABLES = json.loads(r"""
 {
  "version": {
   "major": 1,
-  "minor": 3
+  "minor": 4
  },
  "header": {
   "magic": [
@@ -174,6 +174,13 @@ TABLES = json.loads(r"""
  ],
  "getitem_target": "getitem",
  "output_target": "output",
+ "size_targets": [
+  "sym_size",
+  "add",
+  "sub",
+  "mul",
+  "floordiv"
+ ],
  "keys": {
   "document": {
    "module_stacks": 2,
@@ -182,7 +189,8 @@ TABLES = json.loads(r"""
    "tensors": 0,
    "in_spec": 0,
    "out_spec": 0,
-   "signature": 0
+   "signature": 0,
+   "symbols": 4
   },
   "node": {
    "name": 0,
@@ -205,7 +213,9 @@ TABLES = json.loads(r"""
    "dtype": 0,
    "sizes": 0,
    "strides": 0,
-   "device": 0
+   "device": 0,
+   "symbolic_sizes": 4,
+   "symbolic_strides": 4
   },
   "frame": {
    "file": 0,
@@ -254,6 +264,12 @@ TABLES = json.loads(r"""
    "kind": 0,
    "keys": 0,
    "children": 0
+  },
+  "symbol": {
+   "label": 4,
+   "min": 4,
+   "max": 4,
+   "dims": 4
   }
  },
  "reserved_node_names": [

@@ -579,6 +579,11 @@ class _Reader(_TcgFile):
     def read(self, weights=None, strict=True):
         self.read_header()
         self.read_json()
+        if "symbols" in self.doc:
+            # Note [Dynamic graphs in files] in src/serialize/format.h
+            self.fail(self.top_offset("symbols"),
+                      "a dynamic graph (its 'symbols', format 1.4) loads with torchcap's compiled "
+                      "part, torchcap._C; this Python reader reads graphs of fixed sizes")
         self.read_tensors()
         self.read_attributes()
         self.read_module_stacks()

@@ -87,12 +87,14 @@ using Keys = std::initializer_list<Key>;
 namespace keys {
 inline constexpr Keys kDocument = {{"module_stacks", 2}, {"nodes", 0},    {"attributes", 0},
                                    {"tensors", 0},       {"in_spec", 0},  {"out_spec", 0},
-                                   {"signature", 0}};
+                                   {"signature", 0},     {"symbols", 4}};
 inline constexpr Keys kNode = {{"name", 0}, {"op", 0},     {"target", 0},
                                {"args", 0}, {"kwargs", 0}, {"meta", 0}};
 inline constexpr Keys kMeta = {{"val", 0}, {"stack_trace", 0}, {"module_stack", 2}};
 inline constexpr Keys kValue = {{"kind", 0}, {"tensors", 0}};
-inline constexpr Keys kTensorMeta = {{"dtype", 0}, {"sizes", 0}, {"strides", 0}, {"device", 0}};
+inline constexpr Keys kTensorMeta = {{"dtype", 0},          {"sizes", 0},           {"strides", 0},
+                                     {"device", 0},         {"symbolic_sizes", 4}, {"symbolic_strides", 4}};
+inline constexpr Keys kSymbol = {{"label", 4}, {"min", 4}, {"max", 4}, {"dims", 4}};
 inline constexpr Keys kFrame = {{"file", 0}, {"line", 0}, {"function", 0}, {"code", 2}};
 inline constexpr Keys kModuleFrame = {{"path", 2}, {"type", 2}};
 inline constexpr Keys kTensor = {{"name", 0},   {"dtype", 0},  {"sizes", 0}, {"strides", 0},
@@ -115,7 +117,7 @@ inline constexpr std::pair<const char*, Keys> kAll[] = {
     {"attribute", kAttribute},   {"signature", kSignature},
     {"output", kOutput},         {"leaf_spec", kLeafSpec},
     {"constant_spec", kConstantSpec}, {"sequence_spec", kSequenceSpec},
-    {"dict_spec", kDictSpec}};
+    {"dict_spec", kDictSpec},    {"symbol", kSymbol}};
 }  // namespace keys
 
 // Whether `name` is one of `keys` in a file of version 1.`minor`.
@@ -142,6 +144,12 @@ inline int key_since(const Keys& keys, std::string_view name) {
 // writer writes version 1.3 only for files that have one, and 1.2 otherwise,
 // so that readers of 1.2 still read every other file it writes.
 inline constexpr uint16_t kWeightlessSince = 3;
+// Note [Dynamic graphs in files]: from version 1.4 a file may hold a dynamic
+// graph (symbolic.h): the top-level `symbols`, tensor metadata with
+// `symbolic_sizes` and `symbolic_strides` (SizeExpr::str() of each), and
+// call_function nodes whose target is a size computation (kSizeTargets).
+// The writer writes 1.4 only for dynamic graphs.
+inline constexpr uint16_t kDynamicSince = 4;
 // The oldest version the writer writes: checksums and module stacks.
 inline constexpr uint16_t kOldestWrittenMinor = 2;
 
@@ -317,6 +325,15 @@ const Keys& spec_keys(TreeSpec::Kind k);
 // the output node's target.
 inline constexpr const char* kGetItemTarget = "getitem";
 inline constexpr const char* kOutputTarget = "output";
+// The targets of size computations (Note [Dynamic graphs in files]), as
+// node.h names them.
+inline constexpr const char* kSizeTargets[] = {"sym_size", "add", "sub", "mul", "floordiv"};
+inline bool is_size_target_token(std::string_view t) {
+  for (const char* s : kSizeTargets) {
+    if (t == s) return true;
+  }
+  return false;
+}
 
 // Doubles that JSON numbers cannot hold (infinities and NaNs) are written as
 // strings: "inf", "-inf", "nan" (the quiet NaN 0x7ff8000000000000), or, for

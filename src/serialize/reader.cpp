@@ -296,6 +296,10 @@ class Reader {
       // A file without a signature returns user outputs only.
       gm.output_specs.assign(out->args()[0].to_list().size(), OutputSpec{});
     }
+    if (top("symbols") != nullptr) {
+      Entry e = top_entry("symbols");
+      gm.symbols = read_symbols(Field(c, e, top("symbols")));
+    }
     for (const PendingAttribute& a : attributes_) {
       gm.set_attribute(a.name, a.tensor < 0 ? at::Tensor() : tensors_.tensors[a.tensor], a.kind);
     }
@@ -319,6 +323,34 @@ class Reader {
       });
       e.fail("", problem->what);
     }
+  }
+
+  // Note [Dynamic graphs in files] (format.h). Whether the dimensions exist
+  // and expressions use only these symbols is GraphModule::lint's to check.
+  static std::vector<Symbol> read_symbols(const Field& f) {
+    std::vector<Symbol> out;
+    f.elements([&](const Field& element) {
+      Object o = element.object();
+      o.check_keys(format::keys::kSymbol);
+      Symbol s;
+      s.label.assign(o.get("label").string());
+      s.min = o.get("min").non_negative();
+      Field max = o.get("max");
+      if (max.is_null()) {
+        max.null();
+      } else {
+        s.max = max.non_negative();
+      }
+      o.get("dims").elements([&](const Field& dim) {
+        std::vector<int64_t> pair;
+        dim.elements([&](const Field& x) { pair.push_back(x.non_negative()); });
+        if (pair.size() != 2) dim.fail("a dimension is [input, dim]");
+        s.dims.push_back(InputDim{static_cast<size_t>(pair[0]), pair[1]});
+      });
+      o.close();
+      out.push_back(std::move(s));
+    });
+    return out;
   }
 
   // Binds LoadOptions::weights. A weightless file loaded without weights
@@ -563,6 +595,33 @@ class Reader {
                    std::to_string(m.sizes.size()) + " dimensions");
     }
     m.device = o.get("device").device();
+    // Note [Dynamic graphs in files] (format.h)
+    std::optional<Field> symbolic_sizes = o.find("symbolic_sizes");
+    std::optional<Field> symbolic_strides = o.find("symbolic_strides");
+    if (symbolic_sizes.has_value() != symbolic_strides.has_value()) {
+      (symbolic_sizes ? *symbolic_sizes : *symbolic_strides)
+          .fail("symbolic_sizes and symbolic_strides go together");
+    }
+    if (symbolic_sizes) {
+      auto shape = std::make_shared<SymbolicShape>();
+      for (auto [field, exprs] : {std::pair<const Field*, std::vector<SizeExpr>*>{&*symbolic_sizes, &shape->sizes},
+                                  {&*symbolic_strides, &shape->strides}}) {
+        field->elements([&](const Field& e) {
+          try {
+            exprs->push_back(SizeExpr::parse(std::string(e.string())));
+          } catch (const FormatError&) {
+            throw;
+          } catch (const Error& ex) {
+            e.fail(ex.what());
+          }
+        });
+        if (exprs->size() != m.sizes.size()) {
+          field->fail(std::to_string(exprs->size()) + " expressions for " + std::to_string(m.sizes.size()) +
+                      " dimensions");
+        }
+      }
+      m.symbolic = std::move(shape);
+    }
     o.close();
     return m;
   }
@@ -674,6 +733,16 @@ class Reader {
           n = g.get_attr(target, name);
           break;
         case OpCode::CallFunction:
+          if (format::is_size_target_token(target)) {
+            if (file_.minor < format::kDynamicSince) {
+              fail("target", "size computations ('" + target + "') came in version 1." +
+                                 std::to_string(format::kDynamicSince) + "; this file is version 1." +
+                                 std::to_string(file_.minor));
+            }
+            if (!kwargs.empty()) fail("kwargs", target + " takes no keyword arguments");
+            n = g.size_computation(target, std::move(args), name);
+            break;
+          }
           if (target != format::kGetItemTarget) {
             if (auto handle = find_operator(target)) {
               n = g.call_function(*handle, std::move(args), std::move(kwargs), name);
@@ -725,6 +794,8 @@ class Reader {
       }
     } else if (n->is_getitem()) {
       problem = detail::check_getitem(*n);
+    } else if (n->is_size_computation()) {
+      problem = detail::check_size_computation(*n);
     }
     if (!problem.empty()) fail(nullptr, problem);
   }

@@ -26,6 +26,7 @@
 #include "serialize/shapes.h"
 
 #include <torchcap/evaluator.h>
+#include <torchcap/passes.h>
 #include <torchcap/tracer.h>
 
 #include "graph/ivalue_conversion.h"
@@ -319,7 +320,26 @@ std::optional<ShapeProblem> check_shapes(const GraphModule& gm) {
   // Meta kernels only: no autograd, and an active trace records nothing.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   PauseTracing not_recorded;
-  return ShapeChecker(gm).run();
+  if (!gm.is_dynamic()) return ShapeChecker(gm).run();
+  // A dynamic graph is checked at the sizes it was traced with (its
+  // placeholders' recorded sizes): what runs at any size is that graph
+  // specialized (Note [Dynamic graphs run specialized] in interpreter.cpp).
+  const std::vector<Node*> inputs = gm.graph().placeholders();
+  std::vector<int64_t> traced;
+  for (const Symbol& s : gm.symbols) {
+    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
+  }
+  GraphModule fixed;
+  try {
+    fixed = specialize(gm, traced);
+  } catch (const Error& e) {
+    return ShapeProblem{inputs.empty() ? gm.graph().first() : inputs[0],
+                        std::string("at its traced sizes, the dynamic graph does not hold together: ") +
+                            e.what()};
+  }
+  std::optional<ShapeProblem> problem = ShapeChecker(fixed).run();
+  if (problem) problem->node = gm.graph().find(problem->node->name());
+  return problem;
 }
 
 }  // namespace torchcap::detail

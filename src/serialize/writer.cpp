@@ -206,7 +206,18 @@ void write_tensor_meta(JsonText& out, const TensorMeta& m, const Node* n) {
   out.raw("{").key("dtype").string(checked_dtype(m.dtype, node_where(n)));
   out.raw(",").key("sizes").integers(m.sizes);
   out.raw(",").key("strides").integers(m.strides);
-  out.raw(",").key("device").string(m.device.str()).raw("}");
+  out.raw(",").key("device").string(m.device.str());
+  if (m.symbolic != nullptr) {
+    // Note [Dynamic graphs in files] (format.h)
+    for (const auto& [key, exprs] : {std::pair<const char*, const std::vector<SizeExpr>*>{
+                                         "symbolic_sizes", &m.symbolic->sizes},
+                                     {"symbolic_strides", &m.symbolic->strides}}) {
+      out.raw(",").key(key).raw("[");
+      for (size_t d = 0; d < exprs->size(); ++d) out.raw(d ? "," : "").string((*exprs)[d].str());
+      out.raw("]");
+    }
+  }
+  out.raw("}");
 }
 
 // `module_stack`: the stack's index in the module stack table, or -1 for
@@ -449,6 +460,20 @@ class Writer {
       }
       doc["signature"] = Json{{"outputs", std::move(outputs)}};
     }
+    if (gm_.is_dynamic()) {
+      // Note [Dynamic graphs in files] (format.h)
+      header_.minor = std::max(header_.minor, format::kDynamicSince);
+      Json symbols = Json::array();
+      for (const Symbol& s : gm_.symbols) {
+        Json dims = Json::array();
+        for (const InputDim& d : s.dims) dims.push_back(Json::array({d.input, d.dim}));
+        symbols.push_back(Json{{"label", checked_utf8(s.label, "a symbol's label")},
+                               {"min", s.min},
+                               {"max", s.max == kNoMaxSize ? Json(nullptr) : Json(s.max)},
+                               {"dims", std::move(dims)}});
+      }
+      doc["symbols"] = std::move(symbols);
+    }
     const std::string rest = doc.dump();
     // Note [The depth of the written JSON]: the module stack table is a fixed
     // 4 levels deep; the rest is a document of its own, and nests as it does
@@ -614,7 +639,7 @@ class Writer {
     t.value = stored_form(a.value, where);
     if (t.value.is_meta()) {
       t.weightless = true;
-      header_.minor = format::kWeightlessSince;
+      header_.minor = std::max(header_.minor, format::kWeightlessSince);
       tensors_.push_back(std::move(t));
       return static_cast<int64_t>(tensors_.size() - 1);
     }
