@@ -97,7 +97,8 @@ def _to_fx(graph, kwargs, checked=True):
     d = gm.__dict__
     for container in _ATTRIBUTE_CONTAINERS:
         del d[container]
-    d.update(_torchcap_unattached=True, _torchcap_graph=graph, _torchcap_keywords=keywords)
+    d.update(_torchcap_unattached=True, _torchcap_graph=graph, _torchcap_keywords=keywords,
+             _torchcap_dynamic=graph.is_dynamic())
     # A model traced on the meta device: running the graph on real inputs is
     # refused until its weights hold values (Note [Runs with unbound weights]).
     if graph.has_meta_attributes():

@@ -108,7 +108,8 @@ _SHORT_DTYPE_NAMES = {
 def _describe(t):
     """f32[16, 8]; the device only when it is known and neither the CPU nor meta."""
     name = str(t.dtype).replace("torch.", "")
-    text = f"{_SHORT_DTYPE_NAMES.get(name, name)}[{', '.join(str(s) for s in t.shape)}]"
+    sizes = ", ".join("?" if s is None else str(s) for s in t.shape)  # ?: a dynamic size
+    text = f"{_SHORT_DTYPE_NAMES.get(name, name)}[{sizes}]"
     device = t.device
     return text if device is None or device.type in ("cpu", "meta") else f"{text}@{device}"
 
@@ -143,6 +144,12 @@ class _InputMeta(collections.namedtuple("_InputMeta", "dtype shape device stride
 
 _InputMeta.__new__.__defaults__ = (None, False)
 
+
+def _fits_sizes(shape, want):
+    """Whether `shape` has the rank of `want` and its sizes where `want`
+    has one (None: a dynamic size, checked by the graph's check_sizes)."""
+    return len(shape) == len(want) and all(w is None or s == w for s, w in zip(shape, want))
+
 # A tensor input whose dtype and shape the file does not record.
 _ANY_TENSOR = _InputMeta(None, None, None)
 
@@ -175,7 +182,8 @@ def _check_inputs_now(expected, leaves, labels, module):
         if isinstance(got, torch.Tensor):
             if want.dtype is None:
                 continue
-            if got.dtype == want.dtype and got.shape == want.shape:
+            if got.dtype == want.dtype and (got.shape == want.shape or
+                                            (None in want.shape and _fits_sizes(got.shape, want.shape))):
                 device = want.device
                 if device is None or got.device == device or device.type == "meta" or got.is_meta:
                     stride = want.stride
@@ -189,6 +197,11 @@ def _check_inputs_now(expected, leaves, labels, module):
                                                     device=got.device).copy_(got)
                     continue
         _refuse_inputs(expected, leaves, labels(module) if labels is not None else None)
+    if module is not None and module.__dict__.get("_torchcap_dynamic"):
+        # A dynamic graph's ranges and relations between sizes (Note
+        # [Dynamic shapes by aligned traces] in src/trace/dynamic.cpp).
+        module.__dict__["_torchcap_graph"].check_sizes(
+            [t for t in (relaid or leaves) if isinstance(t, torch.Tensor)])
     return relaid
 
 
@@ -212,7 +225,8 @@ def _fits_input(want, got):
     if want.dtype is None:
         return True
     device = want.device
-    return (got.dtype == want.dtype and got.shape == want.shape and
+    return (got.dtype == want.dtype and
+            (got.shape == want.shape or (None in want.shape and _fits_sizes(got.shape, want.shape))) and
             (device is None or got.device == device or device.type == "meta" or got.is_meta))
 
 
@@ -256,8 +270,11 @@ def _placeholder_names(gm):
     return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _file_input_meta(dtype, shape, stride, written):
-    """The _InputMeta of a placeholder from its recorded metadata (no device)."""
+def _file_input_meta(dtype, shape, stride, written, device=None):
+    """The _InputMeta of a placeholder from its recorded metadata (no
+    device, unless given). A dynamic size is None, and so are its strides."""
+    if stride is None:
+        return _InputMeta(dtype, tuple(shape), device, None, written)
     stride = tuple(stride)
     expected = 1
     for st, size in sorted((st, s) for s, st in zip(shape, stride) if s != 1):
@@ -265,7 +282,7 @@ def _file_input_meta(dtype, shape, stride, written):
             stride = None
             break
         expected *= size
-    return _InputMeta(dtype, tuple(shape), None, stride, written)
+    return _InputMeta(dtype, tuple(shape), device, stride, written)
 
 
 def _check_loaded_inputs(gm, args):

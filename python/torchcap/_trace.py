@@ -23,8 +23,8 @@ from torchcap._errors import Error, TraceError
 from torchcap._operators import operator_name
 from torchcap._bridge import _as_traced, _attribute, _current_tensors, _to_fx
 from torchcap._runtime import (_LEAF_SPEC, _TENSOR_ARGUMENT_SPECS, _InputMeta, _as_spec,
-                               _call_structure, _cyclic_gc_paused, _spec_holds_named_tuple,
-                               _spec_leaves, _tensors_only)
+                               _call_structure, _cyclic_gc_paused, _file_input_meta,
+                               _spec_holds_named_tuple, _spec_leaves, _tensors_only)
 
 try:
     from torchcap import _C
@@ -199,7 +199,7 @@ def _check_args(args, kwargs):
 
 def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
              allow_data_dependent_values, record_stack_traces, meta=False,
-             refuse_out_into_inputs=False, passes=None):
+             refuse_out_into_inputs=False, passes=None, dynamic_shapes=None):
     _require_C()
     if isinstance(passes, str):
         passes = [passes]
@@ -218,6 +218,7 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
                             f"['aten::linear'] or [torch.ops.aten.linear]), not one "
                             f"{type(preserve).__name__}: {preserve!r}")
         preserve = [operator_name(op) for op in preserve]
+    dynamic = _dynamic_dims(dynamic_shapes, args) if dynamic_shapes is not None else []
     out_spec = []
     in_spec, structure = _argument_specs(args, kwargs)
     named = _spec_holds_named_tuple(in_spec)
@@ -234,7 +235,7 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
             graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
                              allow_input_mutation, allow_data_dependent_values,
                              record_stack_traces, _INTERNAL_DIRS, modules, meta=meta,
-                             refuse_out_into_inputs=refuse_out_into_inputs)
+                             refuse_out_into_inputs=refuse_out_into_inputs, dynamic=dynamic)
         except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
             message = _python_message(str(e))
             if message == str(e):
@@ -258,6 +259,12 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
     # Note [Inputs of the traced shapes] in _runtime.py: checked on each call.
     leaves = args if _tensors_only(args, kwargs) else _spec_leaves(in_spec, (args, kwargs), [])
     written = iter(graph.written_inputs())
+    if graph.is_dynamic():
+        metas = iter(graph.placeholder_metas())
+        gm.__dict__["_torchcap_inputs"] = tuple(
+            _file_input_meta(*next(metas), next(written, False), t.device)
+            if isinstance(t, torch.Tensor) else None for t in leaves)
+        return gm
     gm.__dict__["_torchcap_inputs"] = tuple(
         _InputMeta.of(t, next(written, False)) if isinstance(t, torch.Tensor) else None
         for t in leaves)
@@ -275,8 +282,70 @@ def _argument_specs(args, kwargs):
     return pytree.tree_flatten((args, kwargs))[1], _call_structure(args, kwargs)
 
 
+class Dim:
+    """A dynamic size, as torch.export's Dim: Dim("batch", min=1, max=64).
+
+    Dimensions given one Dim (or one name) are one symbol, equal in every
+    call. min defaults to 2: a program traced at sizes of 2 or more may take
+    another path at 1; asking for 1 makes the trace check the graph there.
+    max None: no bound (every call is still checked against min)."""
+
+    def __init__(self, name, *, min=2, max=None):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise TypeError(f"Dim: the name must be an identifier, got {name!r}")
+        self.name, self.min, self.max = name, int(min), None if max is None else int(max)
+
+    def __repr__(self):
+        bounds = "" if self.max is None else f", max={self.max}"
+        return f"Dim({self.name!r}, min={self.min}{bounds})"
+
+
+def _dynamic_dims(dynamic_shapes, args):
+    """TraceOptions::dynamic of `dynamic_shapes`, a pytree over `args` whose
+    entry for a tensor is None or {dim: Dim or name}; tensors are numbered
+    as the placeholders are (in flattening order)."""
+    out, count = [], [0]
+
+    def walk(arg, spec, where):
+        if isinstance(arg, torch.Tensor):
+            index = count[0]
+            count[0] += 1
+            if spec is None:
+                return
+            if not isinstance(spec, dict):
+                raise TypeError(f"dynamic_shapes{where}: expected None or {{dim: Dim}} for a tensor, "
+                                f"got {type(spec).__name__}")
+            for dim, d in spec.items():
+                if isinstance(d, str):
+                    d = Dim(d)
+                if not isinstance(dim, int) or not isinstance(d, Dim):
+                    raise TypeError(f"dynamic_shapes{where}: expected {{int: Dim}}, got "
+                                    f"{{{dim!r}: {d!r}}}")
+                out.append((index, dim, d.name, d.min, d.max))
+        elif isinstance(arg, (tuple, list)):
+            if spec is not None and (not isinstance(spec, (tuple, list)) or len(spec) != len(arg)):
+                raise TypeError(f"dynamic_shapes{where}: expected a sequence of {len(arg)} "
+                                f"entries, as the argument, got {spec!r}")
+            for i, a in enumerate(arg):
+                walk(a, None if spec is None else spec[i], f"{where}[{i}]")
+        elif isinstance(arg, dict):
+            if spec is not None and not isinstance(spec, dict):
+                raise TypeError(f"dynamic_shapes{where}: expected a dict, as the argument")
+            for k, a in arg.items():
+                walk(a, None if spec is None else spec.get(k), f"{where}[{k!r}]")
+        elif spec is not None:
+            raise TypeError(f"dynamic_shapes{where}: the argument is not a tensor")
+
+    if not isinstance(dynamic_shapes, (tuple, list)):
+        raise TypeError("dynamic_shapes: expected one entry per positional argument (a tuple), "
+                        f"got {type(dynamic_shapes).__name__}")
+    walk(tuple(args), tuple(dynamic_shapes), "")
+    return out
+
+
 def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,
-          allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None):
+          allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None,
+          dynamic_shapes=None):
     """Runs f(*args, **kwargs) once and returns the aten operators it ran as a torch.fx.GraphModule.
 
     f: an nn.Module or any callable. Its parameters and buffers (those of the
@@ -303,25 +372,34 @@ def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_m
     passes: graph passes run on the trace, in order, by name: "dce", "cse",
     "shapes", or the pipeline "cleanup" (cse and dce until neither changes
     the graph); one name or a list. torchcap.Error names an unknown one.
+    dynamic_shapes: the input dimensions the graph takes at any size, as
+    torch.export has them: one entry per positional argument, for a tensor
+    None or {dim: torchcap.Dim("batch", max=64)}, nested as the argument is.
+    f is traced at several sizes and the graphs aligned into one; calls
+    out of range are refused (docs/dynamic-shapes.md).
 
     Raises TraceError when the program cannot be traced; exceptions f raises
     propagate unchanged.
     """
     return _capture(f, args, kwargs, False, inference, preserve, allow_input_mutation,
-                    allow_data_dependent_values, record_stack_traces, meta, passes=passes)
+                    allow_data_dependent_values, record_stack_traces, meta, passes=passes,
+                    dynamic_shapes=dynamic_shapes)
 
 
 def export(f, args, kwargs=None, *, inference=False, preserve=None,
-           allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None):
+           allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None,
+           dynamic_shapes=None):
     """trace, then dead-code elimination and a functionalizing re-trace.
 
     The graph has no in-place or view operators. Writes the program makes to
     its buffers (BatchNorm's running statistics in train mode) and inputs are
     extra outputs of the graph, written back when the module runs, so calling
-    the result has the program's effect. meta, passes: as for trace.
+    the result has the program's effect. meta, passes, dynamic_shapes: as
+    for trace.
     """
     return _capture(f, args, kwargs, True, inference, preserve, True,
-                    allow_data_dependent_values, record_stack_traces, meta, passes=passes)
+                    allow_data_dependent_values, record_stack_traces, meta, passes=passes,
+                    dynamic_shapes=dynamic_shapes)
 
 
 def dispatch_trace(f, args):

@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -314,6 +315,53 @@ c10::IValue parse_argument(const std::string& spec, const c10::Argument& paramet
     return Error("--input '" + spec + "' for parameter '" + describe_parameter(parameter) + "': " + why);
   };
   return parse_as(spec, parameter.type(), shapes_only, bad);
+}
+
+DynamicDim parse_dynamic(const std::string& spec) {
+  auto fail = [&spec](const std::string& why) -> DynamicDim {
+    throw Error("--dynamic '" + spec + "': " + why +
+                "; expected INPUT:DIM[=NAME][[MIN:MAX]], e.g. 0:0=batch[1:64]");
+  };
+  auto integer = [&](const std::string& text, const char* what) -> int64_t {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (text.empty() || used != text.size()) fail(std::string(what) + " '" + text + "' is not an integer");
+    return v;
+  };
+  DynamicDim d;
+  std::string rest = spec;
+  std::string range;
+  if (size_t open = rest.find('['); open != std::string::npos) {
+    if (rest.back() != ']') fail("the range must end with ]");
+    range = rest.substr(open + 1, rest.size() - open - 2);
+    rest = rest.substr(0, open);
+  }
+  if (size_t eq = rest.find('='); eq != std::string::npos) {
+    d.name = rest.substr(eq + 1);
+    rest = rest.substr(0, eq);
+    bool identifier = !d.name.empty() && !std::isdigit(static_cast<unsigned char>(d.name[0]));
+    for (char c : d.name) identifier = identifier && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (!identifier) fail("the name '" + d.name + "' is not an identifier");
+  }
+  size_t colon = rest.find(':');
+  if (colon == std::string::npos) fail("no INPUT:DIM");
+  int64_t input = integer(rest.substr(0, colon), "the input");
+  if (input < 0) fail("the input is a number from 0");
+  d.input = static_cast<size_t>(input);
+  d.dim = integer(rest.substr(colon + 1), "the dimension");
+  if (!range.empty()) {
+    size_t sep = range.find(':');
+    if (sep == std::string::npos) fail("the range is [MIN:MAX] or [MIN:]");
+    d.min = integer(range.substr(0, sep), "the minimum");
+    std::string max = range.substr(sep + 1);
+    if (!max.empty()) d.max = integer(max, "the maximum");
+  }
+  return d;
 }
 
 std::vector<at::Tensor> random_inputs_for(const GraphModule& gm) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torchcap/graph_module.h>
+#include <torchcap/tracer.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/function_schema.h>
@@ -18,6 +19,11 @@ namespace torchcap::cli {
 // come from the generator, seeded once per command. With `shapes_only` (a
 // meta-mode trace), a shape gives a meta tensor: no values at all.
 at::Tensor parse_input(const std::string& spec, bool shapes_only = false);
+
+// One `--dynamic` value: INPUT:DIM[=NAME][[MIN:MAX]], e.g. `0:0=batch[1:64]`,
+// `0:1=seq`, `0:0=batch[2:]` (no maximum), `1:-1`. Errors quote the value
+// and say what was expected.
+DynamicDim parse_dynamic(const std::string& spec);
 
 // Random inputs shaped like the graph's placeholders.
 std::vector<at::Tensor> random_inputs_for(const GraphModule& gm);

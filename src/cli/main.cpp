@@ -112,6 +112,7 @@ struct TraceCommand {
   std::string passes = "dce";  // comma-separated pass and pipeline names (passes.h)
   bool check = true;  // compare the graph with the model on the inputs
   bool meta = false;  // meta mode: shapes only, nothing computed, no check
+  std::vector<std::string> dynamic;  // --dynamic INPUT:DIM[=NAME][[MIN:MAX]]
   std::string output;
   bool as_json = false;
 };
@@ -314,6 +315,7 @@ int cmd_trace(const TraceCommand& cmd) {
   options.inference_mode = cmd.inference;
   options.meta = cmd.meta;
   if (!cmd.preserve.empty()) options.preserve = split_commas(cmd.preserve);
+  for (const std::string& d : cmd.dynamic) options.dynamic.push_back(parse_dynamic(d));
 
   progress.step(std::string(cmd.do_export ? "exporting " : "tracing ") + p.name);
   auto t0 = Clock::now();
@@ -641,6 +643,9 @@ int main_impl(int argc, char** argv) {
   trace_cmd->add_flag("--no-check", no_check, "do not run the model and the graph to compare them");
   trace_cmd->add_flag("--meta", trace_args.meta,
                       "meta mode: compute shapes only, run no kernel and no check (inputs may be shapes)");
+  trace_cmd->add_option("--dynamic", trace_args.dynamic,
+                        "a dimension the graph takes at any size: INPUT:DIM[=NAME][[MIN:MAX]], e.g. "
+                        "0:0=batch[1:64] (repeat for more; one NAME is one size)");
   trace_cmd->add_option("-o,--output", trace_args.output, "save the graph to this .tcg file");
   trace_cmd->add_option("--library", libraries, library_help);
   trace_cmd->add_flag("--json", trace_args.as_json, "print one JSON object");

@@ -189,8 +189,11 @@ class FxBuilder {
           }
           py::dict kwargs;
           for (const auto& [k, v] : n->kwargs()) kwargs[py::str(k)] = argument(v);
-          node = make_node(call_function_op, n->is_getitem() ? getitem_ : op(n->target()), name,
-                           std::move(args), std::move(kwargs));
+          node = make_node(call_function_op,
+                           n->is_getitem()             ? getitem_
+                           : n->is_size_computation() ? size_target(n->target())
+                                                      : op(n->target()),
+                           name, std::move(args), std::move(kwargs));
           break;
         }
         case OpCode::Output:
@@ -464,6 +467,12 @@ class FxBuilder {
   const FxApi& api_;
   py::object graph_;
   py::object create_node_;
+  // A size computation's target, as torch.fx's symbolic traces have it:
+  // torch.ops.aten.sym_size, operator.add, ...
+  py::object size_target(const std::string& target) {
+    if (target == kSymSize) return ops_.attr("aten").attr("sym_size");
+    return py::module_::import("operator").attr(target.c_str());
+  }
   py::object getitem_;
   py::object ops_;
   bool direct_ = false;
@@ -544,7 +553,9 @@ class FxReader {
         for (auto [k, v] : t[4].cast<py::dict>()) {
           kwargs.emplace_back(k.cast<std::string>(), argument(v, k.cast<std::string>()));
         }
-        if (target == kGetItem) {
+        if (is_size_target(target)) {
+          n = g.size_computation(target, std::move(args), name_);
+        } else if (target == kGetItem) {
           if (args.size() != 2 || !args[0].is_node() || !args[1].is_int()) {
             throw Error("node %" + name_ + ": getitem takes (node, index)");
           }

@@ -7,6 +7,7 @@
 
 #include <torchcap/error.h>
 #include <torchcap/graph_module.h>
+#include <torchcap/passes.h>
 #include <torchcap/serialize.h>
 
 #include <torch/csrc/Dtype.h>
@@ -38,7 +39,9 @@ GraphModule load_file(const std::string& path, bool verify_checksums) {
 }
 
 // (dtype, sizes, strides) of each placeholder's recorded tensor, or None
-// where the file records none: what a call's inputs are held to.
+// where the file records none: what a call's inputs are held to. In a
+// dynamic graph, a size that depends on the symbols is None, and so are the
+// strides of a tensor with such a size (symbol_values checks those).
 py::list placeholder_metas(const GraphModule& gm) {
   py::list out;
   for (const Node* n : gm.graph().nodes()) {
@@ -51,6 +54,14 @@ py::list placeholder_metas(const GraphModule& gm) {
     const TensorMeta& t = v.tensors[0];
     py::object dtype = py::reinterpret_borrow<py::object>(
         reinterpret_cast<PyObject*>(torch::getTHPDtype(t.dtype)));
+    if (t.symbolic != nullptr) {
+      py::tuple sizes(t.sizes.size());
+      for (size_t d = 0; d < t.sizes.size(); ++d) {
+        sizes[d] = t.symbolic->sizes[d].is_constant() ? py::object(py::int_(t.sizes[d])) : py::none();
+      }
+      out.append(py::make_tuple(dtype, sizes, py::none()));
+      continue;
+    }
     out.append(py::make_tuple(dtype, py::tuple(py::cast(c10::IntArrayRef(t.sizes).vec())),
                               py::tuple(py::cast(c10::IntArrayRef(t.strides).vec()))));
   }
@@ -76,6 +87,12 @@ void register_load_bindings(py::module_& m, py::class_<GraphModule>& graph_modul
   m.def("load", &load_file, py::arg("path"), py::arg("verify_checksums"),
         "The module of a .tcg file, its attributes as stored (torchcap.load binds weights)");
   graph_module.def("placeholder_metas", &placeholder_metas);
+  graph_module.def("is_dynamic", &GraphModule::is_dynamic);
+  // Raises InputError unless the tensors fit a dynamic graph's ranges and
+  // expressions (passes.h symbol_values); returns the symbols' values.
+  graph_module.def("check_sizes", [](const GraphModule& gm, const std::vector<at::Tensor>& inputs) {
+    return symbol_values(gm, inputs);
+  });
   graph_module.def("set_loaded_attributes", &set_loaded_attributes);
 }
 

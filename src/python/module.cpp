@@ -267,6 +267,8 @@ struct TraceRequest {
   // stacks (PythonSource::set_modules).
   py::list modules;
   bool refuse_out_into_inputs = false;  // TraceOptions::refuse_out_into_inputs
+  // TraceOptions::dynamic: (input, dim, name, min, max), max None for none.
+  std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>> dynamic;
 };
 
 std::unique_ptr<GraphModule> run(TraceRequest& r) {
@@ -293,6 +295,9 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   options.record_stack_traces = r.record_stack_traces;
   options.meta = r.meta;
   options.refuse_out_into_inputs = r.refuse_out_into_inputs;
+  for (const auto& [input, dim, name, min, max] : r.dynamic) {
+    options.dynamic.push_back(DynamicDim{input, dim, name, min, max.value_or(kNoMaxSize)});
+  }
   if (r.record_stack_traces) {
     options.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
   }
@@ -615,7 +620,8 @@ PYBIND11_MODULE(_C, m) {
          bool export_program, bool inference, std::optional<std::vector<std::string>> preserve,
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
-         py::list modules, bool meta, bool refuse_out_into_inputs) {
+         py::list modules, bool meta, bool refuse_out_into_inputs,
+         std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>> dynamic) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
@@ -623,14 +629,15 @@ PYBIND11_MODULE(_C, m) {
                        allow_input_mutation,   allow_data_dependent_values,
                        record_stack_traces,    meta,
                        std::move(internal_dirs), std::move(modules),
-                       refuse_out_into_inputs};
+                       refuse_out_into_inputs, std::move(dynamic)};
         return run(r);
       },
       py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
       py::arg("export_program"), py::arg("inference"), py::arg("preserve"),
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
       py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list(),
-      py::arg("meta") = false, py::arg("refuse_out_into_inputs") = false);
+      py::arg("meta") = false, py::arg("refuse_out_into_inputs") = false,
+      py::arg("dynamic") = std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>>());
 
   m.def(
       "export_training",
