@@ -110,6 +110,7 @@ bench: build
 	$(BUILD_DIR)/meta_bench models
 	$(BUILD_DIR)/meta_bench decoder
 	$(BUILD_DIR)/memory_bench
+	$(BUILD_DIR)/dynamic_bench
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/python_trace_bench.py
 
 # libFuzzer over the loader: clang, AddressSanitizer, its own build directory.

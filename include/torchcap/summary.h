@@ -26,6 +26,8 @@ struct GraphSummary {
   size_t weightless_bytes = 0;
   std::vector<std::string> input_types;   // "f32[1, 3, 224, 224]" per placeholder
   std::vector<std::string> output_types;  // per output value
+  // A dynamic graph's symbols: "s0 (batch) in [1, 64]" (symbolic.h).
+  std::vector<std::string> symbols;
 };
 
 GraphSummary summarize(const GraphModule& gm);

@@ -425,6 +425,7 @@ int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std
     }
     j["weightless"] = {{"count", s.weightless}, {"bytes", s.weightless_bytes}};
     j["inputs"] = s.input_types;
+    j["symbols"] = s.symbols;
     j["output_types"] = s.output_types;
     if (is_training_step(gm)) {
       json roles = json::array();

@@ -354,8 +354,10 @@ GraphModule export_at(const std::function<GraphModule(const std::vector<c10::IVa
   }
   TraceOptions fixed = options;
   fixed.dynamic.clear();
-  auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, bool) {
-    GraphModule exported = finish_export(trace_first(at_inputs, first_trace_options(fixed)), at_inputs, fixed);
+  auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, detail::TraceAtOptions how) {
+    TraceOptions at = fixed;
+    if (how.structure_only) at.record_stack_traces = false;
+    GraphModule exported = finish_export(trace_first(at_inputs, first_trace_options(at)), at_inputs, at);
     return TraceResult{std::move(exported), c10::IValue()};
   };
   return detail::trace_dynamic(trace_at, inputs, options.dynamic, /*meta_allowed=*/false).module;

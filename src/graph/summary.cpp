@@ -49,6 +49,12 @@ GraphSummary summarize(const GraphModule& gm) {
         break;
     }
   }
+  for (size_t i = 0; i < gm.symbols.size(); ++i) {
+    const Symbol& sym = gm.symbols[i];
+    s.symbols.push_back(symbol_name(i) + (sym.label == symbol_name(i) ? "" : " (" + sym.label + ")") +
+                        " in [" + std::to_string(sym.min) + ", " +
+                        (sym.max == kNoMaxSize ? std::string("inf") : std::to_string(sym.max)) + "]");
+  }
   for (const Attribute& a : gm.attributes()) {
     auto& entry = s.attributes[a.kind];
     ++entry.first;
@@ -86,6 +92,7 @@ std::string format_summary(const GraphSummary& s) {
   };
   out += "inputs: " + join(s.input_types) + "\n";
   out += "outputs: " + join(s.output_types) + "\n";
+  if (!s.symbols.empty()) out += "dynamic sizes: " + join(s.symbols) + "\n";
   std::vector<std::pair<std::string, size_t>> ops(s.ops.begin(), s.ops.end());
   std::stable_sort(ops.begin(), ops.end(),
                    [](const auto& a, const auto& b) { return a.second > b.second; });

@@ -14,7 +14,7 @@
 //   trace's); the others run in meta mode on meta inputs where they can
 //   (no kernel runs, so they cost bookkeeping only), else for real on
 //   inputs made from the example's values (index_select along the dimension,
-//   so token ids stay valid ids).
+//   so token ids stay valid ids); only the first records stack traces.
 // - The alignment. Every trace must record the same graph: the same nodes,
 //   targets and names, arguments of the same structure, equal constants
 //   other than integers, the same attributes and specs. A difference is
@@ -414,17 +414,16 @@ class DynamicTrace {
   }
 
   TraceResult trace_point(size_t j) {
-    if (j == 0 && is_example(0)) return trace_at_(inputs_, false);
-    bool meta = j > 0 && meta_allowed_;
-    if (meta) {
+    if (j == 0 && is_example(0)) return trace_at_(inputs_, TraceAtOptions{});
+    if (j > 0 && meta_allowed_) {
       try {
-        return trace_at_(inputs_at(j, true), true);
+        return trace_at_(inputs_at(j, true), TraceAtOptions{true, true});
       } catch (const std::exception&) {
         meta_allowed_ = false;  // an operator without a meta kernel, say: trace for real
       }
     }
     try {
-      return trace_at_(inputs_at(j, false), false);
+      return trace_at_(inputs_at(j, false), TraceAtOptions{false, j > 0});
     } catch (const std::exception& e) {
       throw TraceError("dynamic shapes: tracing at " + sizes_str(j) + " (the example is traced at " +
                        sizes_str(0) + ") failed: " + e.what() +

@@ -426,10 +426,11 @@ const ModuleTensor* ModuleTensors::find(const c10::TensorImpl* t) const {
 TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& inputs,
                       const TraceOptions& options, const ModuleState& state) {
   if (!options.dynamic.empty()) {
-    auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, bool meta) {
+    auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, TraceAtOptions how) {
       TraceOptions fixed = options;
       fixed.dynamic.clear();
-      fixed.meta = fixed.meta || meta;
+      fixed.meta = fixed.meta || how.meta;
+      if (how.structure_only) fixed.record_stack_traces = false;
       return run_trace(fn, at_inputs, fixed, state);
     };
     return trace_dynamic(trace_at, inputs, options.dynamic, /*meta_allowed=*/true);
