@@ -215,6 +215,41 @@ TEST(DynamicTrace, ResNet18TakesAnyBatch) {
   }
 }
 
+// A training step with a dynamic batch: Adam steps at three batch sizes,
+// equal to torch::optim's on a copy of the model.
+TEST(DynamicTrace, TrainingStepTakesAnyBatch) {
+  torch::manual_seed(5);
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  torch::nn::Sequential eager(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < model->parameters().size(); ++i) {
+      eager->parameters()[i].copy_(model->parameters()[i]);
+    }
+  }
+  TrainingOptions options;
+  options.optimizer = Adam{.lr = 0.05};
+  options.trace.dynamic = {{0, 0, "batch"}, {1, 0, "batch"}};
+  GraphModule step = export_training(model, losses::mse(), {at::randn({2, 4})}, {at::randn({2, 2})}, options);
+  ASSERT_TRUE(step.is_dynamic());
+  torch::optim::Adam optimizer(eager->parameters(), torch::optim::AdamOptions(0.05));
+  Interpreter interp(step);
+  for (int64_t b : {3, 5, 7}) {
+    at::Tensor x = at::randn({b, 4}), y = at::randn({b, 2});
+    c10::IValue out = interp.run({x, y});
+    optimizer.zero_grad();
+    at::Tensor loss = torch::mse_loss(eager->forward(x), y);
+    loss.backward();
+    optimizer.step();
+    EXPECT_TRUE(at::allclose(out.toGenericDict().at("loss").toTensor(), loss.detach())) << b;
+  }
+  for (size_t i = 0; i < model->parameters().size(); ++i) {
+    EXPECT_TRUE(at::allclose(step.attribute(model->named_parameters()[i].key()).value, eager->parameters()[i],
+                             1e-5, 1e-6))
+        << model->named_parameters()[i].key();
+  }
+}
+
 // A GPT-style decoder: the causal mask and learned positions are sliced by
 // the sequence length; batch and length are both dynamic.
 TEST(DynamicTrace, DecoderTakesAnyBatchAndLength) {

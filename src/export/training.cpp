@@ -5,6 +5,8 @@
 #include <torchcap/error.h>
 #include <torchcap/passes.h>
 
+#include "trace/dynamic.h"
+
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -368,12 +370,28 @@ GraphModule capture(ModuleState state, bool training, const TracedFunction& forw
 
   std::vector<c10::IValue> all = inputs;
   all.insert(all.end(), targets.begin(), targets.end());
-  TraceOptions first = options.trace;
-  first.allow_input_mutation = true;
-  GraphModule traced = trace(state, step, all, first);
-  eliminate_dead_code(traced.graph());
-  traced.remove_unused_attributes();
-  return functionalize(traced, all, options.trace);
+  auto capture_at = [&](const std::vector<c10::IValue>& at_inputs, const TraceOptions& at) {
+    TraceOptions first = at;
+    first.allow_input_mutation = true;
+    GraphModule traced = trace(state, step, at_inputs, first);
+    eliminate_dead_code(traced.graph());
+    traced.remove_unused_attributes();
+    return functionalize(traced, at_inputs, at);
+  };
+  if (options.trace.dynamic.empty()) return capture_at(all, options.trace);
+  // A dynamic batch (Note [Dynamic shapes by aligned traces] in
+  // src/trace/dynamic.cpp): the step captured at several sizes, each from
+  // the state the model had (a capture takes a step for real), aligned.
+  // Dimensions count the inputs, then the targets.
+  TraceOptions fixed = options.trace;
+  fixed.dynamic.clear();
+  auto trace_at = [&](const std::vector<c10::IValue>& at_inputs, detail::TraceAtOptions how) {
+    Restore from_the_start(state);
+    TraceOptions at = fixed;
+    if (how.structure_only) at.record_stack_traces = false;
+    return TraceResult{capture_at(at_inputs, at), c10::IValue()};
+  };
+  return detail::trace_dynamic(trace_at, all, options.trace.dynamic, /*meta_allowed=*/false).module;
 }
 
 }  // namespace
