@@ -67,6 +67,15 @@ TEST(DynamicTrace, SizesBecomeSizeComputations) {
     at::Tensor x = torch::randn({b, 4});
     EXPECT_TRUE(interp.run({x}).toTensor().equal(fn({x}).toTensor())) << "batch " << b;
   }
+  // Shape propagation on the dynamic graph gives back the traced expressions.
+  GraphModule propagated = gm.clone();
+  for (Node* n : propagated.graph()) {
+    if (n->op() != OpCode::Placeholder) n->meta().val = ValueMeta{};
+  }
+  EXPECT_TRUE(propagate_shapes(propagated));
+  EXPECT_EQ(propagated.str(), gm.str());
+  EXPECT_FALSE(propagate_shapes(propagated));
+
   // Specialized, the graph is a static one with the sizes as constants.
   const std::vector<int64_t> seven = {7};
   GraphModule fixed = specialize(gm, seven);
@@ -276,6 +285,29 @@ TEST(DynamicTrace, DecoderTakesAnyBatchAndLength) {
   }
   std::string e = error_of([&] { interp.run({torch::randint(0, 50, {2, 17})}); });
   EXPECT_NE(e.find("outside the range [1, 16] of s1 (seq)"), std::string::npos) << e;
+
+  // After the cleanup passes (CSE merges repeated size computations), under
+  // the memory planner (a plan per size), and traced in meta mode: the same.
+  GraphModule cleaned = gm.clone();
+  passes_by_name({"cleanup"}).run(cleaned);
+  GraphModule propagated = gm.clone();
+  propagate_shapes(propagated);  // symbolic: sizes as traced
+  EXPECT_EQ(propagated.str(), gm.str());
+  EXPECT_LE(cleaned.graph().size(), gm.graph().size());
+  InterpreterOptions planned;
+  planned.plan_memory = true;
+  Interpreter run_planned(gm, planned);
+  TraceOptions meta = options;
+  meta.meta = true;
+  GraphModule from_meta = trace(*decoder, forward, {tokens}, meta);
+  EXPECT_EQ(from_meta.str(), gm.str());
+  Interpreter run_cleaned(cleaned);
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {5, 10}, {2, 3}}) {
+    at::Tensor x = torch::randint(0, 50, {b, t});
+    c10::IValue expected = forward({x});
+    EXPECT_LT(examples::max_abs_diff(run_cleaned.run({x}), expected), 1e-5) << b << "x" << t;
+    EXPECT_LT(examples::max_abs_diff(run_planned.run({x}), expected), 1e-5) << b << "x" << t;
+  }
 
   // Saved and loaded (format 1.4), the same.
   std::string bytes = save_to_string(gm);

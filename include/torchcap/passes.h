@@ -31,7 +31,9 @@ bool eliminate_common_subexpressions(Graph& g);
 // throws Error naming one that has none); attributes are read from the
 // module. Devices are carried over from the inputs. Throws Error naming the
 // node if an operator has no meta implementation. Returns whether any val
-// changed.
+// changed. On a dynamic graph (symbolic.h), sizes and strides come out as
+// expressions of its symbols (Note [Shapes of a dynamic graph] in
+// src/passes/shape_propagation.cpp).
 bool propagate_shapes(GraphModule& gm);
 
 // --- Dynamic graphs (symbolic.h) ----------------------------------------------

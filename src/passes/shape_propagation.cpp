@@ -5,6 +5,7 @@
 #include <torchcap/tracer.h>
 
 #include "graph/ivalue_conversion.h"
+#include "graph/size_fit.h"
 #include "kernels/meta_kernels.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -99,7 +100,70 @@ class ShapePropagator : public Evaluator {
 
 }  // namespace
 
+namespace {
+
+// Note [Shapes of a dynamic graph]
+// A dynamic graph's shapes are propagated as it was made: the graph is
+// specialized at several sizes of its symbols (the same design as the
+// traces', the traced sizes first), shapes are propagated through each on
+// meta tensors, and every size and stride is fitted as a polynomial of the
+// symbols (graph/size_fit.h). One that fits none is an Error naming the node.
+bool propagate_dynamic_shapes(GraphModule& gm) {
+  const std::vector<Node*> inputs = gm.graph().placeholders();
+  std::vector<int64_t> traced;
+  for (const Symbol& s : gm.symbols) {
+    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
+  }
+  detail::SizeDesign design = detail::design_sizes(detail::candidate_sizes(gm.symbols, traced));
+  // Per point, per node name: the metadata propagated there.
+  std::vector<std::unordered_map<std::string, ValueMeta>> seen(design.points.size());
+  for (size_t j = 0; j < design.points.size(); ++j) {
+    GraphModule fixed = specialize(gm, design.points[j]);
+    propagate_shapes(fixed);
+    for (const Node* n : fixed.graph()) seen[j][n->name()] = n->meta().val;
+  }
+  bool changed = false;
+  for (Node* n : gm.graph()) {
+    if (n->op() == OpCode::Output || n->op() == OpCode::Placeholder || n->is_size_computation()) continue;
+    ValueMeta val = seen[0].at(n->name());
+    for (size_t t = 0; t < val.tensors.size(); ++t) {
+      TensorMeta& m = val.tensors[t];
+      auto shape = std::make_shared<SymbolicShape>();
+      bool symbolic = false;
+      for (bool strides : {false, true}) {
+        for (size_t d = 0; d < m.sizes.size(); ++d) {
+          std::vector<int64_t> v;
+          for (size_t j = 0; j < design.points.size(); ++j) {
+            const ValueMeta& at = seen[j].at(n->name());
+            if (at.tensors.size() != val.tensors.size() || at.tensors[t].sizes.size() != m.sizes.size()) {
+              throw Error("propagate_shapes: %" + n->name() + " has results of another rank at other "
+                          "sizes of the graph's symbols");
+            }
+            v.push_back(strides ? at.tensors[t].strides[d] : at.tensors[t].sizes[d]);
+          }
+          std::optional<SizeExpr> e = detail::fit_sizes(design, v);
+          if (!e) {
+            throw Error("propagate_shapes: a " + std::string(strides ? "stride" : "size") + " of %" +
+                        n->name() + " is no polynomial of degree 2 or less in the graph's symbols");
+          }
+          symbolic = symbolic || !e->is_constant();
+          (strides ? shape->strides : shape->sizes).push_back(std::move(*e));
+        }
+      }
+      if (symbolic) m.symbolic = std::move(shape);
+    }
+    if (n->meta().val != val) {
+      n->meta().val = std::move(val);
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+}  // namespace
+
 bool propagate_shapes(GraphModule& gm) {
+  if (gm.is_dynamic()) return propagate_dynamic_shapes(gm);
   detail::ensure_meta_kernels();  // Note [Meta kernels LibTorch 1.13 lacks]
   // Meta kernels only: no autograd, and an active trace records nothing.
   at::AutoDispatchBelowADInplaceOrView below_autograd;

@@ -37,6 +37,8 @@
 // range's bounds are checked at every call.
 #include "trace/dynamic.h"
 
+#include "graph/size_fit.h"
+
 #include <torchcap/error.h>
 #include <torchcap/passes.h>
 
@@ -53,160 +55,6 @@
 namespace torchcap {
 namespace detail {
 namespace {
-
-using Monomial = c10::SmallVector<uint8_t, 2>;
-using Point = std::vector<int64_t>;
-
-// Monomials of degree 0 to 2 in `k` symbols: 1, s_i, s_i*s_j (i <= j).
-std::vector<Monomial> monomials(size_t k) {
-  std::vector<Monomial> out = {Monomial{}};
-  for (size_t i = 0; i < k; ++i) out.push_back(Monomial{static_cast<uint8_t>(i)});
-  for (size_t i = 0; i < k; ++i) {
-    for (size_t j = i; j < k; ++j) out.push_back(Monomial{static_cast<uint8_t>(i), static_cast<uint8_t>(j)});
-  }
-  return out;
-}
-
-long double monomial_at(const Monomial& m, const Point& p) {
-  long double v = 1;
-  for (uint8_t s : m) v *= static_cast<long double>(p[s]);
-  return v;
-}
-
-// Rank of the rows (design rows of the points) by Gaussian elimination.
-size_t rank_of(std::vector<std::vector<long double>> rows) {
-  size_t rank = 0;
-  const size_t cols = rows.empty() ? 0 : rows[0].size();
-  for (size_t c = 0; c < cols && rank < rows.size(); ++c) {
-    size_t pivot = rank;
-    for (size_t r = rank; r < rows.size(); ++r) {
-      if (std::fabs(rows[r][c]) > std::fabs(rows[pivot][c])) pivot = r;
-    }
-    if (std::fabs(rows[pivot][c]) < 1e-9L) continue;
-    std::swap(rows[pivot], rows[rank]);
-    for (size_t r = 0; r < rows.size(); ++r) {
-      if (r == rank) continue;
-      long double f = rows[r][c] / rows[rank][c];
-      for (size_t k = c; k < cols; ++k) rows[r][k] -= f * rows[rank][k];
-    }
-    ++rank;
-  }
-  return rank;
-}
-
-struct Design {
-  std::vector<Point> points;  // points[0] is the first trace's
-  std::vector<size_t> basis;  // points whose design rows are independent
-  std::vector<Monomial> terms;
-};
-
-// The sizes to trace at: `values[s]` are symbol s's candidates, its first
-// the first trace's.
-Design make_design(const std::vector<std::vector<int64_t>>& values) {
-  Design d;
-  d.terms = monomials(values.size());
-  const size_t needed = d.terms.size();
-  // Candidate points in order of the sum of their value indices, so the
-  // traces stay near the first one's sizes.
-  std::vector<std::vector<size_t>> candidates;
-  std::vector<size_t> index(values.size(), 0);
-  for (;;) {
-    candidates.push_back(index);
-    size_t s = 0;
-    while (s < index.size() && ++index[s] == values[s].size()) index[s++] = 0;
-    if (s == index.size()) break;
-  }
-  auto weight = [](const std::vector<size_t>& c) {
-    size_t w = 0;
-    for (size_t i : c) w += i;
-    return w;
-  };
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [&](const auto& a, const auto& b) { return weight(a) < weight(b); });
-  std::vector<std::vector<long double>> rows;
-  for (const std::vector<size_t>& c : candidates) {
-    Point p(values.size());
-    for (size_t s = 0; s < values.size(); ++s) p[s] = values[s][c[s]];
-    std::vector<long double> row;
-    for (const Monomial& m : d.terms) row.push_back(monomial_at(m, p));
-    rows.push_back(row);
-    if (rows.size() == 1 || rank_of(rows) == d.basis.size() + 1) {
-      d.basis.push_back(d.points.size());
-      d.points.push_back(std::move(p));
-    } else {
-      rows.pop_back();
-      d.points.push_back(std::move(p));
-    }
-    if (d.basis.size() == needed) break;
-  }
-  // Keep the basis and two checks beyond it.
-  std::vector<Point> kept;
-  std::vector<size_t> basis;
-  for (size_t i : d.basis) {
-    basis.push_back(kept.size());
-    kept.push_back(d.points[i]);
-  }
-  size_t checks = 0;
-  for (size_t i = 0; i < d.points.size() && checks < 2; ++i) {
-    if (std::find(d.basis.begin(), d.basis.end(), i) == d.basis.end()) {
-      kept.push_back(d.points[i]);
-      ++checks;
-    }
-  }
-  for (size_t c = d.points.size(); c < candidates.size() && checks < 2; ++c) {
-    Point p(values.size());
-    for (size_t s = 0; s < values.size(); ++s) p[s] = values[s][candidates[c][s]];
-    kept.push_back(std::move(p));
-    ++checks;
-  }
-  d.points = std::move(kept);
-  d.basis = std::move(basis);
-  if (d.basis.size() < needed || checks < 1) {
-    throw TraceError("dynamic shapes: the dimensions' ranges leave too few sizes to trace at; give "
-                     "each dynamic dimension a range of at least 4 sizes of 2 or more");
-  }
-  return d;
-}
-
-// Fits `v` (one value per design point) as an integer polynomial in the
-// terms; nullopt if none fits every point exactly.
-std::optional<SizeExpr> fit(const Design& d, const std::vector<int64_t>& v) {
-  const size_t n = d.terms.size();
-  std::vector<std::vector<long double>> a(n, std::vector<long double>(n + 1));
-  for (size_t r = 0; r < n; ++r) {
-    const Point& p = d.points[d.basis[r]];
-    for (size_t c = 0; c < n; ++c) a[r][c] = monomial_at(d.terms[c], p);
-    a[r][n] = static_cast<long double>(v[d.basis[r]]);
-  }
-  for (size_t c = 0; c < n; ++c) {
-    size_t pivot = c;
-    for (size_t r = c; r < n; ++r) {
-      if (std::fabs(a[r][c]) > std::fabs(a[pivot][c])) pivot = r;
-    }
-    if (std::fabs(a[pivot][c]) < 1e-12L) return std::nullopt;
-    std::swap(a[pivot], a[c]);
-    for (size_t r = 0; r < n; ++r) {
-      if (r == c) continue;
-      long double f = a[r][c] / a[c][c];
-      for (size_t k = c; k <= n; ++k) a[r][k] -= f * a[c][k];
-    }
-  }
-  std::vector<SizeExpr::Term> terms;
-  for (size_t c = 0; c < n; ++c) {
-    long double coefficient = std::round(a[c][n] / a[c][c]);
-    if (std::fabs(coefficient) > 9.0e18L) return std::nullopt;
-    terms.push_back(SizeExpr::Term{static_cast<int64_t>(coefficient), d.terms[c]});
-  }
-  SizeExpr e = SizeExpr::of_terms(std::move(terms));
-  try {
-    for (size_t j = 0; j < d.points.size(); ++j) {
-      if (e.evaluate(d.points[j]) != v[j]) return std::nullopt;
-    }
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-  return e;
-}
 
 std::string where(const Node& n) {
   std::string trace = n.meta().stack_trace.str();
@@ -283,7 +131,7 @@ class DynamicTrace {
 
   TraceResult run() {
     std::vector<std::vector<int64_t>> values = candidate_values();
-    design_ = make_design(values);
+    design_ = design_sizes(values);
     TraceResult first = trace_point(0);
     for (size_t j = 1; j < design_.points.size(); ++j) {
       TraceResult other = trace_point(j);
@@ -348,26 +196,15 @@ class DynamicTrace {
     }
   }
 
+  // Each symbol's example size, or -1 where its dimensions' differ.
   std::vector<std::vector<int64_t>> candidate_values() const {
-    std::vector<std::vector<int64_t>> values;
+    std::vector<int64_t> example;
     for (const Symbol& s : symbols_) {
-      const int64_t lo = std::max<int64_t>(s.min, 2);
-      std::vector<int64_t> v;
-      bool example_fits = true;
-      const int64_t example = leaves_[s.dims[0].input].size(s.dims[0].dim);
-      for (const InputDim& d : s.dims) example_fits = example_fits && leaves_[d.input].size(d.dim) == example;
-      if (example_fits && example >= lo && example <= s.max) v.push_back(example);
-      for (int64_t x = lo; v.size() < 5 && x <= s.max; ++x) {
-        if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
-      }
-      if (v.size() < 4) {
-        throw TraceError("dynamic shapes: " + s.label + "'s range [" + std::to_string(s.min) + ", " +
-                         std::to_string(s.max) + "] has fewer than 4 sizes of 2 or more to trace at; "
-                         "widen it, or trace each size as a graph of its own");
-      }
-      values.push_back(std::move(v));
+      int64_t e = leaves_[s.dims[0].input].size(s.dims[0].dim);
+      for (const InputDim& d : s.dims) e = leaves_[d.input].size(d.dim) == e ? e : -1;
+      example.push_back(e);
     }
-    return values;
+    return candidate_sizes(symbols_, example);
   }
 
   std::string sizes_str(size_t j) const {
@@ -520,7 +357,7 @@ class DynamicTrace {
     if (constant) return nullptr;
     auto it = fitted_.find(v);
     if (it != fitted_.end()) return it->second ? &*it->second : &unfit_;
-    std::optional<SizeExpr> e = fit(design_, v);
+    std::optional<SizeExpr> e = fit_sizes(design_, v);
     auto& slot = fitted_[v];
     slot = std::move(e);
     return slot ? &*slot : &unfit_;
@@ -661,16 +498,16 @@ class DynamicTrace {
   // by shape propagation on meta tensors, must be those its expressions
   // give. A program that squeezes a size-1 batch away fails here.
   void check_small_sizes(const GraphModule& gm) const {
-    std::vector<Point> points;
-    Point all_min = design_.points[0];
+    std::vector<SizePoint> points;
+    SizePoint all_min = design_.points[0];
     for (size_t s = 0; s < symbols_.size(); ++s) {
       if (symbols_[s].min >= 2) continue;
-      Point p = design_.points[0];
+      SizePoint p = design_.points[0];
       p[s] = all_min[s] = symbols_[s].min;
       points.push_back(std::move(p));
     }
     if (points.size() > 1) points.push_back(all_min);
-    for (const Point& p : points) {
+    for (const SizePoint& p : points) {
       std::string sizes;
       for (size_t s = 0; s < symbols_.size(); ++s) {
         sizes += (s ? ", " : "") + symbols_[s].label + "=" + std::to_string(p[s]);
@@ -710,7 +547,7 @@ class DynamicTrace {
   std::vector<at::Tensor> leaves_;
   TreeSpec spec_;
   std::vector<Symbol> symbols_;
-  Design design_;
+  SizeDesign design_;
   // Per trace (the first one first), per node of the first graph.
   std::vector<std::vector<NodeInts>> ints_;
   std::map<std::vector<int64_t>, std::optional<SizeExpr>> fitted_;
