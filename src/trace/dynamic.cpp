@@ -43,6 +43,7 @@
 #include <torchcap/passes.h>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/remainder.h>
 
@@ -135,6 +136,10 @@ class DynamicTrace {
     TraceResult first = trace_point(0);
     for (size_t j = 1; j < design_.points.size(); ++j) {
       TraceResult other = trace_point(j);
+      if (meta_allowed_ && has_meta_constants(other.module)) {
+        meta_allowed_ = false;  // constants must be compared by value: trace for real
+        other = trace_point(j);
+      }
       record(first.module, other.module, j);
     }
     ints_.insert(ints_.begin(), node_ints(first.module));
@@ -335,14 +340,48 @@ class DynamicTrace {
     for (size_t i = 0; i < first.attributes().size(); ++i) {
       const Attribute& x = first.attributes()[i];
       const Attribute& y = other.attributes()[i];
-      if (x.name != y.name || x.value.sizes() != y.value.sizes()) {
+      if (x.value.defined() != y.value.defined()) {
+        throw TraceError("dynamic shapes: the tensor '" + x.name + "' the program reads is defined at " +
+                         "one size and not at another");
+      }
+      if (!x.value.defined()) continue;
+      if (x.name != y.name || x.value.sizes() != y.value.sizes() || x.value.dtype() != y.value.dtype()) {
         throw TraceError("dynamic shapes: the tensor '" + x.name + "' the program reads has sizes " +
                          c10::str(x.value.sizes()) + " at " + sizes_str(0) + " but '" + y.name + "' " +
                          c10::str(y.value.sizes()) + " at " + sizes_str(j) +
                          ": a constant made outside the traced operators from a dynamic size");
       }
+      // A constant the program made from a size (x / math.sqrt(x.shape[1])
+      // in Python lifts the number as a tensor) has other values at other
+      // sizes: baked in, it would be wrong at every size but the first.
+      if (x.kind == AttributeKind::Constant && !x.value.is_meta() && !y.value.is_meta() &&
+          !at::equal(x.value, y.value)) {
+        throw TraceError("dynamic shapes: the constant '" + x.name + "' has other values at " +
+                         sizes_str(j) + " than at " + sizes_str(0) +
+                         ": a number computed from a dynamic size (math.sqrt(x.shape[1]), say) "
+                         "became a constant. Compute it with tensor operations, or make the size "
+                         "fixed" + constant_user(first, x.name));
+      }
     }
     ints_.push_back(std::move(ints));
+  }
+
+  // Whether a meta-mode trace holds a lifted constant without values, which
+  // alignment could not compare with the first trace's.
+  static bool has_meta_constants(const GraphModule& gm) {
+    for (const Attribute& a : gm.attributes()) {
+      if (a.kind == AttributeKind::Constant && a.value.defined() && a.value.is_meta()) return true;
+    }
+    return false;
+  }
+
+  // The source of the first node that reads attribute `name`, for messages.
+  static std::string constant_user(const GraphModule& gm, const std::string& name) {
+    for (const Node* n : gm.graph()) {
+      if (n->op() != OpCode::GetAttr || n->target() != name) continue;
+      for (const Node* user : n->users()) return "\nread by %" + user->name() + " (" + user->target() + ")" + where(*user);
+    }
+    return "";
   }
 
   // The expression of the integer at `index` in each trace's `member`.

@@ -183,6 +183,14 @@ def test_shape_logic_that_cannot_be_captured_is_an_error():
     with pytest.raises(torchcap.TraceError, match="item"):
         torchcap.trace(ByValue(), (torch.randn(4, 3),), dynamic_shapes=({0: Dim("batch")},))
 
+    class ScaledBySize(nn.Module):  # Python lifts the number as a constant tensor
+        def forward(self, x):
+            return x / math.sqrt(x.shape[1])
+
+    with pytest.raises(torchcap.TraceError, match="the constant '_tensor_constant0' has other "
+                                                  "values at t=2 than at t=4"):
+        torchcap.trace(ScaledBySize(), (torch.randn(2, 4),), dynamic_shapes=({1: Dim("t")},))
+
     class Clamped(nn.Module):
         def forward(self, x):
             return x[: min(x.shape[0], 4)] * 2
