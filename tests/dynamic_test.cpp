@@ -143,6 +143,14 @@ TEST(DynamicTrace, SizesItCannotExpressFail) {
   e = error_of([&] { trace(from_values, {torch::randn({3, 3})}, options); });
   EXPECT_NE(e.find("item"), std::string::npos) << e;
 
+  // A float computed from a size differs between the traces.
+  auto scaled = [](std::vector<c10::IValue> in) -> c10::IValue {
+    at::Tensor x = in[0].toTensor();
+    return x / std::sqrt(static_cast<double>(x.size(0)));
+  };
+  e = error_of([&] { trace(scaled, {torch::randn({3, 3})}, options); });
+  EXPECT_NE(e.find("at %div (aten::div.Scalar), the arguments differ in more than sizes"), std::string::npos) << e;
+
   // A reshape that only works for even sizes fails at an odd one.
   auto pairs = [](std::vector<c10::IValue> in) -> c10::IValue {
     return in[0].toTensor().view({-1, 2, 3});
