@@ -47,7 +47,7 @@ GraphModule kernels_module() {
 }
 
 TensorMeta contiguous(c10::ScalarType dtype, std::vector<int64_t> sizes) {
-  TensorMeta m{dtype, {}, {}, c10::Device(c10::kCPU)};
+  TensorMeta m{dtype, {}, {}, c10::Device(c10::kCPU), nullptr};
   m.sizes.assign(sizes.begin(), sizes.end());
   m.strides.resize(sizes.size());
   int64_t stride = 1;

@@ -1756,11 +1756,17 @@ const RejectCase kRejectCases[] = {
      }},
     {"TargetThatIsNotAQualifiedName",
      [] {
-       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "add"; });
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "addmm"; });
        return Rejected{b,
                        at_node(b, 3) +
-                               "node %add (nodes[3]): 'add' is not a qualified operator name; "
+                               "node %add (nodes[3]): 'addmm' is not a qualified operator name; "
                                "expected namespace::name[.overload], e.g. aten::add.Tensor"};
+     }},
+    {"SizeComputationInAnOlderVersion",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["nodes"][3]["target"] = "add"; });
+       return Rejected{b, at_node(b, 3) + "node %add (nodes[3]): target: size computations ('add') "
+                                          "came in version 1.4; this file is version 1.2"};
      }},
     {"ArgumentsThatDoNotFitTheSchema",
      [] {

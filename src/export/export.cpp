@@ -7,6 +7,7 @@
 
 #include "graph/hidden_writes.h"
 #include "graph/ivalue_conversion.h"
+#include "graph/node_source.h"
 #include "graph/operator_facts.h"
 #include "kernels/meta_kernels.h"
 #include "trace/dynamic.h"
@@ -241,12 +242,7 @@ GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>&
 
 namespace {
 
-std::string where(const Node& n) {
-  std::string trace = n.meta().stack_trace.str();
-  if (trace.empty()) return "";
-  if (trace.back() == '\n') trace.pop_back();
-  return "\n" + trace;
-}
+std::string where(const Node& n) { return detail::source_lines(n); }
 
 const TensorMeta* first_tensor(const ValueMeta& val, size_t index) {
   return index < val.tensors.size() ? &val.tensors[index] : nullptr;

@@ -37,6 +37,7 @@
 // range's bounds are checked at every call.
 #include "trace/dynamic.h"
 
+#include "graph/node_source.h"
 #include "graph/size_fit.h"
 
 #include <torchcap/error.h>
@@ -57,12 +58,7 @@ namespace torchcap {
 namespace detail {
 namespace {
 
-std::string where(const Node& n) {
-  std::string trace = n.meta().stack_trace.str();
-  if (trace.empty()) return "";
-  if (trace.back() == '\n') trace.pop_back();
-  return "\n" + trace;
-}
+std::string where(const Node& n) { return source_lines(n); }
 
 // Integers of an argument, in walk order.
 void collect_ints(const Argument& a, std::vector<int64_t>& out) {

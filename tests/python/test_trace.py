@@ -394,7 +394,8 @@ def test_traced_module_is_made_as_graph_module_makes_it():
     assert vars(type(other)).keys() == vars(type(slow)).keys()
     assert vars(gm).keys() - vars(slow).keys() == {"_torchcap_graph", "_torchcap_keywords",
                                                     "_torchcap_attributes", "in_spec", "out_spec",
-                                                    "_torchcap_call_structure", "_torchcap_inputs"}
+                                                    "_torchcap_call_structure", "_torchcap_inputs",
+                                                    "_torchcap_dynamic"}
     assert type(other) is not type(gm) and type(other)._wrapped_call is not type(gm)._wrapped_call
     assert dict(gm.named_parameters()).keys() == dict(m.named_parameters()).keys()
     assert all(gm.get_parameter(k) is p for k, p in m.named_parameters())
