@@ -17,9 +17,9 @@ import torch
 
 from torchcap._errors import Error, TraceError
 from torchcap._bridge import _to_fx
-from torchcap._runtime import _InputMeta
-from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _check_args, _module_contents,
-                             _require_C)
+from torchcap._runtime import _InputMeta, _file_input_meta
+from torchcap._trace import (_INTERNAL_DIRS, _as_trace_error, _check_args, _dynamic_dims,
+                             _module_contents, _require_C)
 
 try:
     from torchcap import _C
@@ -71,7 +71,8 @@ def _optimizer_spec(optimizer, module):
     return name, {k: group[k] for k in keys}
 
 
-def export_training(module, loss_fn, args, targets, *, optimizer=None, record_stack_traces=True):
+def export_training(module, loss_fn, args, targets, *, optimizer=None, record_stack_traces=True,
+                    dynamic_shapes=None):
     """Captures one training step of `module` as a torch.fx.GraphModule.
 
     module: an nn.Module in training mode. loss_fn(outputs, *targets) returns
@@ -94,6 +95,9 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
     parameter, state): "loss", "gradient", "parameter update", "optimizer
     state", "buffer update".
 
+    dynamic_shapes: as torchcap.trace's, one entry per element of args, then
+    one per target: (({0: batch},), ({0: batch},)) for a dynamic batch.
+
     Raises TraceError when the module is in eval mode, the loss has more than
     one element, a parameter gets no gradient (named), or an operator has no
     derivative. A step called with inputs of other dtypes or shapes than
@@ -114,9 +118,17 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
     targets, _ = _check_args(targets, None)
     kind, options = _optimizer_spec(optimizer, module)
     parameters, buffers, modules = _module_contents(module, record_stack_traces)
+    dynamic = []
+    if dynamic_shapes is not None:
+        if not isinstance(dynamic_shapes, (tuple, list)) or len(dynamic_shapes) != 2:
+            raise TypeError("torchcap.export_training: dynamic_shapes is (shapes of args, shapes "
+                            "of targets)")
+        dynamic = _dynamic_dims(tuple(dynamic_shapes[0]) + tuple(dynamic_shapes[1]),
+                                (*args, *targets))
     try:
         graph = _C.export_training(module, loss_fn, parameters, buffers, args, targets, kind,
-                                   options, record_stack_traces, _INTERNAL_DIRS, modules)
+                                   options, record_stack_traces, _INTERNAL_DIRS, modules,
+                                   dynamic=dynamic)
     except RuntimeError as e:
         error = _as_trace_error(e, training=True)
         if error is None:
@@ -135,7 +147,13 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
     step = _to_fx(graph, {}, checked=True)
     # Note [Inputs of the traced shapes] in _runtime.py: each step's inputs are
     # checked (a plain attribute, as _capture sets it).
-    step.__dict__["_torchcap_inputs"] = tuple(
-        _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in (*args, *targets))
+    if graph.is_dynamic():
+        metas = iter(graph.placeholder_metas())
+        step.__dict__["_torchcap_inputs"] = tuple(
+            _file_input_meta(*next(metas), False, t.device) if isinstance(t, torch.Tensor) else None
+            for t in (*args, *targets))
+    else:
+        step.__dict__["_torchcap_inputs"] = tuple(
+            _InputMeta.of(t) if isinstance(t, torch.Tensor) else None for t in (*args, *targets))
     step.__dict__["training_signature"] = [tuple(entry) for entry in graph.training_signature()]
     return step

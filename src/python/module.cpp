@@ -249,6 +249,18 @@ py::object module_contents(py::handle root, bool with_modules, py::handle plain,
   return py::make_tuple(parameters, buffers, modules);
 }
 
+// TraceOptions::dynamic from Python: (input, dim, name, min, max), max None
+// for none.
+using DynamicDims = std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>>;
+
+std::vector<DynamicDim> dynamic_dims(const DynamicDims& given) {
+  std::vector<DynamicDim> out;
+  for (const auto& [input, dim, name, min, max] : given) {
+    out.push_back(DynamicDim{input, dim, name, min, max.value_or(kNoMaxSize)});
+  }
+  return out;
+}
+
 struct TraceRequest {
   py::object fn;
   std::vector<std::pair<std::string, py::object>> parameters;
@@ -267,8 +279,7 @@ struct TraceRequest {
   // stacks (PythonSource::set_modules).
   py::list modules;
   bool refuse_out_into_inputs = false;  // TraceOptions::refuse_out_into_inputs
-  // TraceOptions::dynamic: (input, dim, name, min, max), max None for none.
-  std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>> dynamic;
+  DynamicDims dynamic;
 };
 
 std::unique_ptr<GraphModule> run(TraceRequest& r) {
@@ -295,9 +306,7 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   options.record_stack_traces = r.record_stack_traces;
   options.meta = r.meta;
   options.refuse_out_into_inputs = r.refuse_out_into_inputs;
-  for (const auto& [input, dim, name, min, max] : r.dynamic) {
-    options.dynamic.push_back(DynamicDim{input, dim, name, min, max.value_or(kNoMaxSize)});
-  }
+  options.dynamic = dynamic_dims(r.dynamic);
   if (r.record_stack_traces) {
     options.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
   }
@@ -361,6 +370,7 @@ struct TrainingRequest {
   bool record_stack_traces = true;
   std::vector<std::string> internal_dirs;
   py::list modules;  // as TraceRequest's
+  DynamicDims dynamic;  // over (*args, *targets)
 };
 
 std::unique_ptr<GraphModule> run_training(TrainingRequest& r) {
@@ -381,6 +391,7 @@ std::unique_ptr<GraphModule> run_training(TrainingRequest& r) {
   source.set_modules(std::move(r.modules));
   PythonSource::Scope scope(&source);
   options.trace.record_stack_traces = r.record_stack_traces;
+  options.trace.dynamic = dynamic_dims(r.dynamic);
   if (r.record_stack_traces) {
     options.trace.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
   }
@@ -621,7 +632,7 @@ PYBIND11_MODULE(_C, m) {
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
          py::list modules, bool meta, bool refuse_out_into_inputs,
-         std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>> dynamic) {
+         DynamicDims dynamic) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
@@ -637,7 +648,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
       py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list(),
       py::arg("meta") = false, py::arg("refuse_out_into_inputs") = false,
-      py::arg("dynamic") = std::vector<std::tuple<size_t, int64_t, std::string, int64_t, std::optional<int64_t>>>());
+      py::arg("dynamic") = DynamicDims());
 
   m.def(
       "export_training",
@@ -645,16 +656,17 @@ PYBIND11_MODULE(_C, m) {
          std::vector<std::pair<std::string, py::object>> buffers, py::tuple args, py::tuple targets,
          std::string optimizer, py::dict optimizer_options, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
-         py::list modules) {
+         py::list modules, DynamicDims dynamic) {
         TrainingRequest r{std::move(forward),        std::move(loss),
                           std::move(parameters),     std::move(buffers),
                           std::move(args),           std::move(targets),
                           std::move(optimizer),      std::move(optimizer_options),
                           record_stack_traces,       std::move(internal_dirs),
-                          std::move(modules)};
+                          std::move(modules),        std::move(dynamic)};
         return run_training(r);
       },
       py::arg("forward"), py::arg("loss"), py::arg("parameters"), py::arg("buffers"),
       py::arg("args"), py::arg("targets"), py::arg("optimizer"), py::arg("optimizer_options"),
-      py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list());
+      py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list(),
+      py::arg("dynamic") = DynamicDims());
 }

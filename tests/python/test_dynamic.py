@@ -167,6 +167,30 @@ def test_a_decoder_saved_from_python_runs_in_cpp_at_a_new_length(tmp_path):
     assert "i64[s0, s1]" in shown
 
 
+def test_a_training_step_takes_any_batch():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    eager = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    eager.load_state_dict(model.state_dict())
+    step = torchcap.export_training(
+        model, nn.functional.mse_loss, (torch.randn(2, 4),), (torch.randn(2, 2),),
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.05),
+        dynamic_shapes=(({0: BATCH},), ({0: BATCH},)))
+    optimizer = torch.optim.Adam(eager.parameters(), lr=0.05)
+    for b in (1, 3, 6):
+        x, y = torch.randn(b, 4), torch.randn(b, 2)
+        loss = step(x, y)["loss"]
+        optimizer.zero_grad()
+        expected = nn.functional.mse_loss(eager(x), y)
+        expected.backward()
+        optimizer.step()
+        assert close(loss, expected.detach()), b
+    for (name, p), q in zip(step.named_parameters(), eager.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), name
+    with pytest.raises(torchcap.InputError, match="outside the range"):
+        step(torch.randn(17, 4), torch.randn(17, 2))
+
+
 def test_shape_logic_that_cannot_be_captured_is_an_error():
     class ByParity(nn.Module):
         def forward(self, x):
