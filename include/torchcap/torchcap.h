@@ -16,6 +16,7 @@
 #include <torchcap/printer.h>
 #include <torchcap/serialize.h>
 #include <torchcap/summary.h>
+#include <torchcap/symbolic.h>
 #include <torchcap/tracer.h>
 #include <torchcap/training.h>
 #include <torchcap/tree_spec.h>
