@@ -130,6 +130,15 @@ def test_traced_once_runs_at_other_sizes(name, tmp_path):
         loaded.recompile()
         args = inputs_at(sizes[-1])
         assert close(loaded(*args), model(*args))
+        if TORCHCAP is not None:  # the C++ command, on the exported graph
+            torchcap.save(exported, tmp_path / "e.tcg")
+            command = [TORCHCAP, "run", str(tmp_path / "e.tcg"), "-o", str(tmp_path / "out.pt")]
+            for i, a in enumerate(args):
+                torch.save(a, tmp_path / f"in{i}.pt")
+                command += ["--input", str(tmp_path / f"in{i}.pt")]
+            subprocess.run(command, check=True, capture_output=True)
+            out = torch.load(tmp_path / "out.pt")
+            assert close(out[0] if isinstance(out, (list, tuple)) else out, model(*args))
 
 
 def test_out_of_range_and_inconsistent_sizes_are_refused():
