@@ -132,7 +132,7 @@ at::Tensor load_tensor_file(const std::string& path) {
   return v.toTensor();
 }
 
-at::Tensor parse_input(const std::string& spec, bool shapes_only) {
+at::Tensor parse_input(const std::string& spec, bool shapes_only, c10::ScalarType dtype) {
   if (is_file(spec)) return load_tensor_file(spec);
   struct stat st;
   if (::stat(spec.c_str(), &st) == 0) {
@@ -146,7 +146,6 @@ at::Tensor parse_input(const std::string& spec, bool shapes_only) {
     throw Error("--input '" + spec + "': no such file");
   }
   std::string shape_part = spec;
-  c10::ScalarType dtype = c10::kFloat;
   size_t colon = spec.rfind(':');
   if (colon != std::string::npos) {
     shape_part = spec.substr(0, colon);

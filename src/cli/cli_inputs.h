@@ -17,8 +17,12 @@ namespace torchcap::cli {
 // One `--input` value: "1x3x224x224", "1x3x224x224:float32", "scalar:int64",
 // or the path of a file written by Python's torch.save(tensor). Random values
 // come from the generator, seeded once per command. With `shapes_only` (a
-// meta-mode trace), a shape gives a meta tensor: no values at all.
-at::Tensor parse_input(const std::string& spec, bool shapes_only = false);
+// meta-mode trace), a shape gives a meta tensor: no values at all. A shape
+// without a dtype makes a tensor of `dtype` (float32 unless given: `run`
+// gives each input its placeholder's dtype, so an int64 graph gets integers,
+// from 0 to 9).
+at::Tensor parse_input(const std::string& spec, bool shapes_only = false,
+                       c10::ScalarType dtype = c10::kFloat);
 
 // One `--dynamic` value: INPUT:DIM[=NAME][[MIN:MAX]], e.g. `0:0=batch[1:64]`,
 // `0:1=seq`, `0:0=batch[2:]` (no maximum), `1:-1`. Errors quote the value

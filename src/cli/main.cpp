@@ -119,6 +119,24 @@ struct TraceCommand {
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+// `-o PATH`, checked before any work: its directory must exist and be
+// writable, and PATH must not be a directory.
+void check_output_path(const std::string& path) {
+  if (path.empty()) return;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw Error("-o " + path + ": is a directory; give a file name");
+  }
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw Error("-o " + path + ": no such directory '" + dir + "'");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    throw Error("-o " + path + ": the directory '" + dir + "' is not writable");
+  }
+}
+
 // Says what `path` is when it is not a TorchScript file, before LibTorch's
 // reader reports it in its own terms ("failed finding central directory").
 void check_model_file(const std::string& path) {
@@ -308,6 +326,7 @@ int cmd_trace(const TraceCommand& cmd) {
   if (cmd.model.empty() == cmd.example.empty()) {
     throw Error("trace takes a TorchScript file or --example NAME (one of them)");
   }
+  check_output_path(cmd.output);
   Progress progress;
   Program p = load_program(cmd, progress);
 
@@ -531,6 +550,7 @@ NamedTensors load_weights(const std::string& path) {
 
 int cmd_run(const std::string& file, const std::vector<std::string>& input_specs,
             const std::string& weights, const std::string& output, bool as_json) {
+  check_output_path(output);
   LoadOptions options;
   if (!weights.empty()) {
     options.weights = load_weights(weights);
@@ -549,7 +569,16 @@ int cmd_run(const std::string& file, const std::vector<std::string>& input_specs
   if (input_specs.empty()) {
     inputs = random_inputs_for(gm);
   } else {
-    for (const std::string& s : input_specs) inputs.push_back(parse_input(s));
+    // A shape without a dtype takes its placeholder's.
+    const std::vector<Node*> placeholders = gm.graph().placeholders();
+    for (size_t i = 0; i < input_specs.size(); ++i) {
+      c10::ScalarType dtype = c10::kFloat;
+      if (i < placeholders.size() && placeholders[i]->meta().val.kind == ValueKind::Tensor &&
+          !placeholders[i]->meta().val.tensors.empty()) {
+        dtype = placeholders[i]->meta().val.tensors[0].dtype;
+      }
+      inputs.push_back(parse_input(input_specs[i], false, dtype));
+    }
     if (inputs.size() != interp.num_inputs()) {
       throw Error("'" + file + "' takes " + std::to_string(interp.num_inputs()) + " input(s), got " +
                   std::to_string(inputs.size()) + " --input");

@@ -147,6 +147,22 @@ def test_run_random_inputs(mlp_file):
     assert "output 0: f32[4, 10]" in out and "checksum:" in out and "time:" in out
 
 
+def test_run_shapes_take_the_graph_dtype(tmp_path):
+    # Token ids: a shape without a dtype makes int64 ids (0 to 9), not floats.
+    path = tmp_path / "tied.tcg"
+    run("trace", "--example", "tied_weights", "-o", path)
+    out = run("run", path, "--input", "2x6").stdout
+    assert "output 0: f32[2, 6, " in out
+    assert "expected i64[2, 6], got f32[2, 6]" in error_of("run", path, "--input", "2x6:float32")
+
+
+def test_output_paths_are_checked_before_any_work(mlp_file, tmp_path):
+    missing = tmp_path / "no" / "such" / "g.tcg"
+    assert error_of("trace", "--example", "mlp", "-o", missing) == \
+        f"-o {missing}: no such directory '{missing.parent}'"
+    assert error_of("run", mlp_file, "-o", tmp_path) == f"-o {tmp_path}: is a directory; give a file name"
+
+
 def test_run_json_and_outputs(mlp_file, tmp_path):
     x = tmp_path / "x.pt"
     torch.save(torch.randn(4, 16), x)
