@@ -34,6 +34,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -118,6 +119,42 @@ struct TraceCommand {
 };
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+// " (did you mean 'X'?)" for the candidate closest to `word` by edit
+// distance, when it is close (at most a third of the word's letters, and at
+// least one, differ); "" otherwise.
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  size_t best_distance = std::max<size_t>(1, word.size() / 3) + 1;
+  for (const std::string& c : candidates) {
+    size_t d = distance(word, c);
+    // A swap of two letters ("tarce") counts as one change.
+    for (size_t i = 0; i + 1 < word.size() && d > 1; ++i) {
+      std::string swapped = word;
+      std::swap(swapped[i], swapped[i + 1]);
+      if (swapped == c) d = 1;
+    }
+    if (d < best_distance) {
+      best = c;
+      best_distance = d;
+    }
+  }
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
 
 // `-o PATH`, checked before any work: its directory must exist and be
 // writable, and PATH must not be a directory.
@@ -254,6 +291,13 @@ Program load_program(const TraceCommand& cmd, Progress& progress) {
   Program p;
   if (!cmd.example.empty()) {
     p.name = cmd.example;
+    const std::vector<std::string>& known = examples::names();
+    if (std::find(known.begin(), known.end(), cmd.example) == known.end()) {
+      std::string list;
+      for (const std::string& n : known) list += (list.empty() ? "" : ", ") + n;
+      throw Error("no example named '" + cmd.example + "'" + did_you_mean(cmd.example, known) +
+                  "; known examples: " + list);
+    }
     p.example = std::make_unique<examples::Example>(examples::make(cmd.example));
     if (cmd.inputs.empty()) {
       p.inputs = p.example->make_inputs(0);
@@ -614,14 +658,16 @@ int cmd_examples() {
 
 const char* const kCommands[] = {"trace", "show", "run", "examples"};
 
+
 // CLI11 says "A subcommand is required" of a word it does not know.
 void check_command(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') return;
   for (const char* c : kCommands) {
     if (std::strcmp(argv[1], c) == 0) return;
   }
-  throw CLI::ValidationError("unknown command '" + std::string(argv[1]) +
-                             "' (commands: trace, show, run, examples)");
+  throw CLI::ValidationError("unknown command '" + std::string(argv[1]) + "'" +
+                             did_you_mean(argv[1], {std::begin(kCommands), std::end(kCommands)}) +
+                             " (commands: trace, show, run, examples)");
 }
 
 // An option given an empty value ("-o ''") would silently do nothing.
@@ -732,7 +778,20 @@ int main_impl(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::cerr << "torchcap: error: " << one_line_of(e.what()) << " (see torchcap --help)\n";
+    std::string hint;
+    const std::string unexpected = "The following argument was not expected: ";
+    if (std::string what = e.what(); what.rfind(unexpected, 0) == 0 && argc >= 2) {
+      // An unknown flag: the closest of its command's options.
+      std::vector<std::string> flags;
+      for (const CLI::App* cmd : app.get_subcommands({})) {
+        if (cmd->get_name() != argv[1]) continue;
+        for (const CLI::Option* o : cmd->get_options()) {
+          for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
+        }
+      }
+      hint = did_you_mean(what.substr(unexpected.size()), flags);
+    }
+    std::cerr << "torchcap: error: " << one_line_of(e.what()) << hint << " (see torchcap --help)\n";
     return 2;
   }
   check_not_empty(trace_cmd, "-o", trace_args.output);

@@ -370,6 +370,19 @@ def test_unknown_command():
         "unknown command 'nosuchcmd' (commands: trace, show, run, examples)")
 
 
+def test_misspelled_words_get_a_suggestion():
+    assert error_of("tarce", code=2).startswith("unknown command 'tarce' (did you mean 'trace'?)")
+    assert error_of("trace", "--exmaple", "mlp", code=2).startswith(
+        "The following argument was not expected: --exmaple (did you mean '--example'?)")
+    assert error_of("run", "x.tcg", "--jsn", code=2).startswith(
+        "The following argument was not expected: --jsn (did you mean '--json'?)")
+    assert error_of("trace", "--example", "mpl").startswith(
+        "no example named 'mpl' (did you mean 'mlp'?); known examples: ")
+    # Nothing close: no guess.
+    assert error_of("trace", "--example", "xyzzy").startswith(
+        "no example named 'xyzzy'; known examples: ")
+
+
 def test_empty_output_name():
     assert error_of("trace", "--example", "mlp", "-o", "") == "trace -o: the file name is empty"
 
