@@ -298,7 +298,7 @@ class Reader {
     }
     if (top("symbols") != nullptr) {
       Entry e = top_entry("symbols");
-      gm.symbols = read_symbols(Field(c, e, top("symbols")));
+      gm.symbols = detail::read_symbols(Field(c, e, top("symbols")));
     }
     for (const PendingAttribute& a : attributes_) {
       gm.set_attribute(a.name, a.tensor < 0 ? at::Tensor() : tensors_.tensors[a.tensor], a.kind);
@@ -323,34 +323,6 @@ class Reader {
       });
       e.fail("", problem->what);
     }
-  }
-
-  // Note [Dynamic graphs in files] (format.h). Whether the dimensions exist
-  // and expressions use only these symbols is GraphModule::lint's to check.
-  static std::vector<Symbol> read_symbols(const Field& f) {
-    std::vector<Symbol> out;
-    f.elements([&](const Field& element) {
-      Object o = element.object();
-      o.check_keys(format::keys::kSymbol);
-      Symbol s;
-      s.label.assign(o.get("label").string());
-      s.min = o.get("min").non_negative();
-      Field max = o.get("max");
-      if (max.is_null()) {
-        max.null();
-      } else {
-        s.max = max.non_negative();
-      }
-      o.get("dims").elements([&](const Field& dim) {
-        std::vector<int64_t> pair;
-        dim.elements([&](const Field& x) { pair.push_back(x.non_negative()); });
-        if (pair.size() != 2) dim.fail("a dimension is [input, dim]");
-        s.dims.push_back(InputDim{static_cast<size_t>(pair[0]), pair[1]});
-      });
-      o.close();
-      out.push_back(std::move(s));
-    });
-    return out;
   }
 
   // Binds LoadOptions::weights. A weightless file loaded without weights

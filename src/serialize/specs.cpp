@@ -114,4 +114,32 @@ std::vector<OutputSpec> read_signature(const Field& sig) {
   return out;
 }
 
+// Note [Dynamic graphs in files] (format.h). Whether the dimensions exist
+// and expressions use only these symbols is GraphModule::lint's to check.
+std::vector<Symbol> read_symbols(const Field& f) {
+  std::vector<Symbol> out;
+  f.elements([&](const Field& element) {
+    Object o = element.object();
+    o.check_keys(format::keys::kSymbol);
+    Symbol s;
+    s.label.assign(o.get("label").string());
+    s.min = o.get("min").non_negative();
+    Field max = o.get("max");
+    if (max.is_null()) {
+      max.null();
+    } else {
+      s.max = max.non_negative();
+    }
+    o.get("dims").elements([&](const Field& dim) {
+      std::vector<int64_t> pair;
+      dim.elements([&](const Field& x) { pair.push_back(x.non_negative()); });
+      if (pair.size() != 2) dim.fail("a dimension is [input, dim]");
+      s.dims.push_back(InputDim{static_cast<size_t>(pair[0]), pair[1]});
+    });
+    o.close();
+    out.push_back(std::move(s));
+  });
+  return out;
+}
+
 }  // namespace torchcap::detail
