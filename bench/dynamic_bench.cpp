@@ -84,12 +84,7 @@ int main() {
             {{0, 0, "batch", 1, 64}}};
   measure(r);
 
-  examples::DecoderOptions o;
-  o.layers = 4;
-  o.width = 128;
-  o.heads = 4;
-  o.vocab = 1000;
-  o.context = 128;
+  examples::DecoderOptions o{.layers = 4, .width = 128, .heads = 4, .vocab = 1000, .context = 128};
   auto decoder = std::make_shared<examples::Decoder>(o);
   auto forward = [decoder](const std::vector<c10::IValue>& in) -> c10::IValue {
     return decoder->forward(in[0].toTensor());

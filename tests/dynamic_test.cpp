@@ -270,12 +270,7 @@ TEST(DynamicTrace, TrainingStepTakesAnyBatch) {
 // A GPT-style decoder: the causal mask and learned positions are sliced by
 // the sequence length; batch and length are both dynamic.
 TEST(DynamicTrace, DecoderTakesAnyBatchAndLength) {
-  examples::DecoderOptions o;
-  o.layers = 2;
-  o.width = 32;
-  o.heads = 4;
-  o.vocab = 50;
-  o.context = 16;
+  examples::DecoderOptions o{.layers = 2, .width = 32, .heads = 4, .vocab = 50, .context = 16};
   auto decoder = std::make_shared<examples::Decoder>(o);
   auto forward = [decoder](std::vector<c10::IValue> in) -> c10::IValue {
     return decoder->forward(in[0].toTensor());
