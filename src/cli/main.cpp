@@ -602,6 +602,18 @@ int cmd_run(const std::string& file, const std::vector<std::string>& input_specs
     options.strict_weights = false;
   }
   GraphModule gm = load(file, options);
+  if (!options.weights.empty()) {
+    // Weights that name none of the graph's attributes would leave it as the
+    // file has it, without a word.
+    bool any = false;
+    for (const auto& [name, t] : options.weights) any = any || gm.has_attribute(name);
+    if (!any) {
+      std::string example = gm.attributes().empty() ? std::string("none") : "'" + gm.attributes()[0].name + "'";
+      throw Error("--weights " + weights + ": none of its " + std::to_string(options.weights.size()) +
+                  " tensors ('" + options.weights.begin()->first + "', ...) names an attribute of '" +
+                  file + "' (they are named like " + example + "); nothing would change");
+    }
+  }
   if (std::vector<const Attribute*> unbound = gm.unbound_attributes(); !unbound.empty()) {
     throw Error("'" + file + "' is weightless: " + std::to_string(unbound.size()) +
                 " of its tensors (" + unbound[0]->name + (unbound.size() > 1 ? ", ..." : "") +
@@ -818,6 +830,10 @@ int main_impl(int argc, char** argv) {
   }
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
+  if (run_cmd->parsed() && run_cmd->count("--steps") > 0 && !weights.empty()) {
+    throw Error("--weights does not apply to --steps: a training step starts from the parameters "
+                "and optimizer state its file holds");
+  }
   if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, data, steps, output, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json);
   return cmd_examples();

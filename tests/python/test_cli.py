@@ -156,6 +156,16 @@ def test_run_shapes_take_the_graph_dtype(tmp_path):
     assert "expected i64[2, 6], got f32[2, 6]" in error_of("run", path, "--input", "2x6:float32")
 
 
+def test_weights_that_would_be_ignored_are_refused(mlp_file, tmp_path):
+    unrelated = tmp_path / "unrelated.pt"
+    torch.save({"encoder.weight": torch.zeros(2), "encoder.bias": torch.zeros(2)}, unrelated)
+    message = error_of("run", mlp_file, "--weights", unrelated)
+    assert message.startswith(f"--weights {unrelated}: none of its 2 tensors ('encoder.bias', ...) "
+                              f"names an attribute of '{mlp_file}'"), message
+    assert error_of("run", mlp_file, "--weights", unrelated, "--steps", "1").startswith(
+        "--weights does not apply to --steps")
+
+
 def test_output_paths_are_checked_before_any_work(mlp_file, tmp_path):
     missing = tmp_path / "no" / "such" / "g.tcg"
     assert error_of("trace", "--example", "mlp", "-o", missing) == \
