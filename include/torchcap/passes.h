@@ -51,6 +51,10 @@ std::vector<int64_t> symbol_values(const GraphModule& gm, c10::ArrayRef<at::Tens
 // the attributes, and runs wherever a traced graph does.
 GraphModule specialize(const GraphModule& gm, c10::ArrayRef<int64_t> values);
 
+// The symbols' values at the sizes a dynamic graph was traced with (its
+// placeholders' recorded sizes). The graph must pass lint.
+std::vector<int64_t> traced_symbol_values(const GraphModule& gm);
+
 // --- Analyses ------------------------------------------------------------------
 
 // Whether `g` is free of mutation and aliasing: no operator that writes an

@@ -109,12 +109,8 @@ namespace {
 // meta tensors, and every size and stride is fitted as a polynomial of the
 // symbols (graph/size_fit.h). One that fits none is an Error naming the node.
 bool propagate_dynamic_shapes(GraphModule& gm) {
-  const std::vector<Node*> inputs = gm.graph().placeholders();
-  std::vector<int64_t> traced;
-  for (const Symbol& s : gm.symbols) {
-    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
-  }
-  detail::SizeDesign design = detail::design_sizes(detail::candidate_sizes(gm.symbols, traced));
+  detail::SizeDesign design =
+      detail::design_sizes(detail::candidate_sizes(gm.symbols, traced_symbol_values(gm)));
   // Per point, per node name: the metadata propagated there.
   std::vector<std::unordered_map<std::string, ValueMeta>> seen(design.points.size());
   for (size_t j = 0; j < design.points.size(); ++j) {

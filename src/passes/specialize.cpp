@@ -101,6 +101,15 @@ std::vector<int64_t> symbol_values(const GraphModule& gm, c10::ArrayRef<at::Tens
   return values;
 }
 
+std::vector<int64_t> traced_symbol_values(const GraphModule& gm) {
+  const std::vector<Node*> inputs = gm.graph().placeholders();
+  std::vector<int64_t> traced;
+  for (const Symbol& s : gm.symbols) {
+    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
+  }
+  return traced;
+}
+
 GraphModule specialize(const GraphModule& gm, c10::ArrayRef<int64_t> values) {
   if (values.size() != gm.symbols.size()) {
     throw Error("specialize: the graph has " + std::to_string(gm.symbols.size()) + " symbols, got " +

@@ -423,13 +423,7 @@ std::unique_ptr<detail::InterpreterPlan> plan_for(const GraphModule& gm, const I
   detail::DynamicPlans& dynamic = *plan->dynamic;
   dynamic.gm = gm.clone();
   dynamic.options = options;
-  // The traced sizes: each symbol's first dimension, as its placeholder recorded it.
-  std::vector<int64_t> traced;
-  const std::vector<Node*> inputs = gm.graph().placeholders();
-  for (const Symbol& s : gm.symbols) {
-    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
-  }
-  dynamic.first = dynamic.plan_at(traced);
+  dynamic.first = dynamic.plan_at(traced_symbol_values(gm));
   return plan;
 }
 

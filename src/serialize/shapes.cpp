@@ -324,16 +324,11 @@ std::optional<ShapeProblem> check_shapes(const GraphModule& gm) {
   // A dynamic graph is checked at the sizes it was traced with (its
   // placeholders' recorded sizes): what runs at any size is that graph
   // specialized (Note [Dynamic graphs run specialized] in interpreter.cpp).
-  const std::vector<Node*> inputs = gm.graph().placeholders();
-  std::vector<int64_t> traced;
-  for (const Symbol& s : gm.symbols) {
-    traced.push_back(inputs[s.dims[0].input]->meta().val.tensors[0].sizes[s.dims[0].dim]);
-  }
   GraphModule fixed;
   try {
-    fixed = specialize(gm, traced);
+    fixed = specialize(gm, traced_symbol_values(gm));
   } catch (const Error& e) {
-    return ShapeProblem{inputs.empty() ? gm.graph().first() : inputs[0],
+    return ShapeProblem{gm.graph().first(),
                         std::string("at its traced sizes, the dynamic graph does not hold together: ") +
                             e.what()};
   }
