@@ -207,6 +207,24 @@ def test_torchvision_export(torchvision_models, tmp_path):
     assert j["max_abs_diff"] <= 1e-4
 
 
+def test_torchvision_scripted_dynamic_batch(torchvision_models, tmp_path):
+    # A scripted model no one here wrote, traced once with a dynamic batch,
+    # run by the command at other batches against the scripted model.
+    scripted = torch.jit.load(str(torchvision_models / "mobilenet_v2.pt"))
+    out = tmp_path / "dynamic.tcg"
+    j = json.loads(run("trace", torchvision_models / "mobilenet_v2.pt", "--input", "2x3x64x64",
+                       "--dynamic", "0:0=batch[1:8]", "-o", out, "--json").stdout)
+    assert j["max_abs_diff"] <= 1e-4
+    assert json.loads(run("show", out, "--json").stdout)["symbols"] == ["s0 (batch) in [1, 8]"]
+    for batch in (1, 3, 8):
+        x, y = tmp_path / "x.pt", tmp_path / "y.pt"
+        torch.save(torch.randn(batch, 3, 64, 64), x)
+        run("run", out, "--input", x, "-o", y)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.load(y), scripted(torch.load(x)), rtol=1e-4, atol=1e-4)
+    assert "outside the range [1, 8] of s0 (batch)" in error_of("run", out, "--input", "9x3x64x64")
+
+
 def test_torchvision_meta_mode(torchvision_models, tmp_path):
     # Shapes only, nothing computed, no check; the graph is the real trace's.
     model = torchvision_models / "resnet18.pt"
