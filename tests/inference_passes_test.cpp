@@ -126,5 +126,113 @@ TEST(FoldBatchNorms, ResNet18ByNameAgreesWithTheUnfoldedGraph) {
   }
 }
 
+// conv -> relu -> conv (stride 2, with bias), a 4-D input.
+struct TwoConvsImpl : torch::nn::Module {
+  torch::nn::Conv2d a{torch::nn::Conv2dOptions(3, 8, 3).padding(1).bias(false)};
+  torch::nn::Conv2d b{torch::nn::Conv2dOptions(8, 4, 3).stride(2)};
+  TwoConvsImpl() {
+    register_module("a", a);
+    register_module("b", b);
+  }
+};
+
+GraphModule trace_two_convs(const std::shared_ptr<TwoConvsImpl>& m, at::Tensor x) {
+  ModuleState state = ModuleState::of(*m);
+  return torchcap::trace(state, [&m](const std::vector<c10::IValue>& in) {
+    return c10::IValue(m->b->forward(torch::relu(m->a->forward(in[0].toTensor()))));
+  }, {std::move(x)});
+}
+
+TEST(PrepackConvolutions, ConvolutionsRunPackedWithTheReluFused) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<TwoConvsImpl>();
+  GraphModule gm = trace_two_convs(m, torch::randn({2, 3, 8, 8}));
+  GraphModule before = gm.clone();
+  ASSERT_TRUE(detail::prepack_convolutions(gm));
+  gm.lint();
+  EXPECT_EQ(gm.str(),
+            "# parameter a.weight: f32[8, 3, 3, 3]\n"
+            "# parameter b.weight: f32[4, 8, 3, 3]\n"
+            "# parameter b.bias: f32[4]\n"
+            "# inputs: (*,)\n"
+            "# outputs: *\n"
+            "graph():\n"
+            "    %ph_0 : f32[2, 3, 8, 8] [users=1] = placeholder[target=ph_0]\n"
+            "    %a_weight : f32[8, 3, 3, 3] [users=1] = get_attr[target=a.weight]\n"
+            "    %conv2d_prepack : [users=1] = mkldnn_prepacked::conv2d_prepack(%a_weight, None, [1, 1], [1, 1], "
+            "[1, 1], 1, [2, 3, 8, 8], 'relu')\n"
+            "    %clone : f32[2, 3, 8, 8] [users=1] = aten::clone(%ph_0, memory_format=torch.channels_last)\n"
+            "    %conv2d_run : f32[2, 8, 8, 8] [users=1] = mkldnn_prepacked::conv2d_run(%clone, %conv2d_prepack)\n"
+            "    %b_weight : f32[4, 8, 3, 3] [users=1] = get_attr[target=b.weight]\n"
+            "    %b_bias : f32[4] [users=1] = get_attr[target=b.bias]\n"
+            "    %conv2d_prepack_1 : [users=1] = mkldnn_prepacked::conv2d_prepack(%b_weight, %b_bias, [2, 2], "
+            "[0, 0], [1, 1], 1, [2, 8, 8, 8], 'none')\n"
+            "    %conv2d_run_1 : f32[2, 4, 3, 3] [users=1] = mkldnn_prepacked::conv2d_run(%conv2d_run, "
+            "%conv2d_prepack_1)\n"
+            "    return (%conv2d_run_1,)\n");
+  // Activations are channels-last from the clone on, and the graph says so.
+  for (const Node* n : gm.graph()) {
+    if (n->target() == "mkldnn_prepacked::conv2d_run") {
+      const TensorMeta& t = n->meta().val.tensors[0];
+      EXPECT_EQ(t.strides[1], 1) << n->name();
+    }
+  }
+  InterpreterOptions planned;
+  planned.plan_memory = true;
+  Interpreter packed(gm), packed_planned(gm, planned), unpacked(before);
+  for (uint64_t seed : {1, 2}) {
+    torch::manual_seed(seed);
+    at::Tensor x = torch::randn({2, 3, 8, 8});
+    at::Tensor want = unpacked.run({x}).toTensor();
+    at::Tensor got = packed.run({x}).toTensor();
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << seed;
+    EXPECT_TRUE(at::equal(packed_planned.run({x}).toTensor(), got)) << seed;
+    // The file holds the unpacked weights and the two operators.
+    const std::string bytes = save_to_string(gm);
+    EXPECT_TRUE(at::equal(Interpreter(load_from_buffer(bytes.data(), bytes.size())).run({x}).toTensor(), got));
+  }
+  EXPECT_FALSE(detail::prepack_convolutions(gm));  // nothing left to pack
+}
+
+TEST(PrepackConvolutions, NotWhenTheGraphWritesAnAttributeOrIsDynamic) {
+  ConvBn m;
+  GraphModule training = m.trace(/*training=*/true);  // batch norm updates its statistics
+  const std::string listing = training.str();
+  EXPECT_FALSE(detail::prepack_convolutions(training));
+  EXPECT_EQ(training.str(), listing);
+
+  auto two = std::make_shared<TwoConvsImpl>();
+  ModuleState state = ModuleState::of(*two);
+  TraceOptions options;
+  options.dynamic = {DynamicDim{.input = 0, .dim = 0, .name = "batch"}};
+  GraphModule dynamic = torchcap::trace(state, [&two](const std::vector<c10::IValue>& in) {
+    return c10::IValue(two->b->forward(torch::relu(two->a->forward(in[0].toTensor()))));
+  }, {torch::randn({2, 3, 8, 8})}, options);
+  const std::string dynamic_listing = dynamic.str();
+  EXPECT_FALSE(detail::prepack_convolutions(dynamic));
+  EXPECT_EQ(dynamic.str(), dynamic_listing);
+}
+
+TEST(OptimizePipeline, ResNet18AgreesWithTheTracedGraph) {
+  examples::Example e = examples::make("resnet18");
+  GraphModule gm = examples::trace(e);
+  GraphModule optimized = gm.clone();
+  ASSERT_TRUE(passes_by_name({"optimize"}).run(optimized));
+  optimized.lint();
+  EXPECT_EQ(count(optimized, "aten::convolution"), 0u);
+  EXPECT_EQ(count(optimized, "aten::native_batch_norm"), 0u);
+  EXPECT_EQ(count(optimized, "mkldnn_prepacked::conv2d_run"), count(gm, "aten::convolution"));
+  InterpreterOptions planned;
+  planned.plan_memory = true;
+  Interpreter plain(gm), fast(optimized), fast_planned(optimized, planned);
+  for (uint64_t seed : {1, 2}) {
+    std::vector<c10::IValue> inputs = e.make_inputs(seed);
+    at::Tensor want = plain.run(inputs).toTensor();
+    at::Tensor got = fast.run(inputs).toTensor();
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << seed;
+    EXPECT_TRUE(at::equal(fast_planned.run(inputs).toTensor(), got)) << seed;
+  }
+}
+
 }  // namespace
 }  // namespace torchcap

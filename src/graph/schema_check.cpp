@@ -50,7 +50,10 @@ const char* describe(const Argument& a) {
       case Produces::Tuple:
         return "a node with several outputs (use getitem)";
       case Produces::Scalar:
-        return "a scalar node";
+        return a.to_node()->is_operator() && a.to_node()->schema().returns()[0].real_type()->kind() ==
+                                                   c10::TypeKind::ClassType
+                   ? "an object node"
+                   : "a scalar node";
       case Produces::Nothing:
         return "a node without a value";
     }
@@ -101,8 +104,11 @@ bool fits(const c10::Type& type, const Argument& a) {
       }
       return true;
     }
+    case K::ClassType:  // an object an operator made: packed weights (Note [Convolutions with packed weights])
+      return a.is_node() && a.to_node()->is_operator() && a.to_node()->schema().returns().size() == 1 &&
+             *a.to_node()->schema().returns()[0].real_type() == type;
     default:
-      return false;  // generators (other than none), streams, objects, ...
+      return false;  // generators (other than none), streams, ...
   }
 }
 

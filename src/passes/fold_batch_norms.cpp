@@ -26,28 +26,6 @@
 #include <vector>
 
 namespace torchcap::detail {
-namespace {
-
-bool is_call_of(const Node* n, const char* name) {
-  return n != nullptr && n->op() == OpCode::CallFunction && n->is_operator() &&
-         n->schema().name() == name && n->schema().overload_name().empty();
-}
-
-// The attribute a get_attr argument reads, or nullptr (also for none).
-const Attribute* attribute_of(const GraphModule& gm, const Argument& a) {
-  if (!a.is_node() || a.to_node()->op() != OpCode::GetAttr) return nullptr;
-  const Attribute& attr = gm.attribute(a.to_node()->target());
-  return at::isFloatingType(attr.value.scalar_type()) && !attr.value.is_meta() ? &attr : nullptr;
-}
-
-// An attribute name not yet taken, after `base`.
-std::string fresh_name(const GraphModule& gm, const std::string& base) {
-  std::string name = base;
-  for (int i = 1; gm.has_attribute(name); ++i) name = base + "_" + std::to_string(i);
-  return name;
-}
-
-}  // namespace
 
 bool fold_batch_norms(GraphModule& gm) {
   Graph& g = gm.graph();
@@ -57,7 +35,7 @@ bool fold_batch_norms(GraphModule& gm) {
     if (is_call_of(n, "aten::native_batch_norm")) batch_norms.push_back(n);
   }
   for (Node* bn : batch_norms) {
-    if (bn->args().size() != 8 || bn->args().size() != 8 || !bn->kwargs().empty()) continue;
+    if (bn->args().size() != 8 || !bn->kwargs().empty()) continue;
     const ArgumentList& b = bn->args();
     if (!b[5].is_bool() || b[5].to_bool() || !b[7].is_double() || !b[0].is_node()) continue;
     Node* conv = b[0].to_node();
@@ -67,12 +45,12 @@ bool fold_batch_norms(GraphModule& gm) {
     }
     const ArgumentList& c = conv->args();
     if (!c[6].is_bool() || c[6].to_bool()) continue;  // transposed
-    const Attribute* weight = attribute_of(gm, c[1]);
-    const Attribute* conv_bias = c[2].is_none() ? nullptr : attribute_of(gm, c[2]);
-    const Attribute* gamma = b[1].is_none() ? nullptr : attribute_of(gm, b[1]);
-    const Attribute* beta = b[2].is_none() ? nullptr : attribute_of(gm, b[2]);
-    const Attribute* mean = attribute_of(gm, b[3]);
-    const Attribute* var = attribute_of(gm, b[4]);
+    const Attribute* weight = float_attribute_of(gm, c[1]);
+    const Attribute* conv_bias = c[2].is_none() ? nullptr : float_attribute_of(gm, c[2]);
+    const Attribute* gamma = b[1].is_none() ? nullptr : float_attribute_of(gm, b[1]);
+    const Attribute* beta = b[2].is_none() ? nullptr : float_attribute_of(gm, b[2]);
+    const Attribute* mean = float_attribute_of(gm, b[3]);
+    const Attribute* var = float_attribute_of(gm, b[4]);
     if (weight == nullptr || (!c[2].is_none() && conv_bias == nullptr) || (!b[1].is_none() && gamma == nullptr) ||
         (!b[2].is_none() && beta == nullptr) || mean == nullptr || var == nullptr) {
       continue;
@@ -107,9 +85,9 @@ bool fold_batch_norms(GraphModule& gm) {
       folded_weight = (w * scale.reshape(shape)).to(weight->value.scalar_type()).contiguous();
       folded_bias = bias.to(weight->value.scalar_type()).contiguous();
     }
-    const std::string weight_name = fresh_name(gm, weight->name + "_folded");
+    const std::string weight_name = fresh_attribute_name(gm, weight->name + "_folded");
     gm.set_attribute(weight_name, folded_weight, AttributeKind::Parameter);
-    const std::string bias_name = fresh_name(gm, weight_name.substr(0, weight_name.rfind('.') + 1) + "bias_folded");
+    const std::string bias_name = fresh_attribute_name(gm, weight_name.substr(0, weight_name.rfind('.') + 1) + "bias_folded");
     gm.set_attribute(bias_name, folded_bias, AttributeKind::Parameter);
     Node* old_weight = c[1].to_node();
     Node* old_bias = c[2].is_node() ? c[2].to_node() : nullptr;

@@ -13,33 +13,44 @@ namespace torchcap {
 namespace detail {
 namespace {
 
-// Whether `ins` views attributes (and constants) only; if so, its result,
-// computed now, as an index into plan.attributes.
-int32_t fold(InterpreterPlan& plan, const Instruction& ins) {
+// Whether `ins` computes, from attributes and constants only, a view of
+// them or packed weights (an object); if so, its result, computed now: a
+// slot of plan.attributes for a view, a constant slot for an object. Else a
+// Value slot.
+Slot fold(InterpreterPlan& plan, const Instruction& ins) {
+  Slot folded;
+  folded.kind = Slot::Kind::Value;
   const c10::FunctionSchema& schema = ins.op.schema();
-  if (ins.num_outputs != 1 || ins.explode || ins.planned >= 0 || schema.returns().size() != 1 ||
-      schema.returns()[0].real_type()->kind() != c10::TypeKind::TensorType) {
-    return -1;
-  }
+  if (ins.num_outputs != 1 || ins.explode || ins.planned >= 0 || schema.returns().size() != 1) return folded;
+  const c10::TypeKind returns = schema.returns()[0].real_type()->kind();
   const OperatorFacts& facts = operator_facts(ins.op);
-  if (facts.viewed_argument[0] < 0 || facts.writes_declared) return -1;
+  if (facts.writes_any()) return folded;
+  const bool view = returns == c10::TypeKind::TensorType && facts.viewed_argument[0] >= 0;
+  if (!view && returns != c10::TypeKind::ClassType) return folded;
   bool reads_attribute = false;
   for (const Slot& s : ins.args) {
     if (s.kind == Slot::Kind::Attribute) {
       reads_attribute = true;
     } else if (s.kind != Slot::Kind::Constant) {
-      return -1;
+      return folded;
     }
   }
-  if (!reads_attribute) return -1;
+  if (!reads_attribute) return folded;
   std::vector<c10::IValue> stack;
   for (const Slot& s : ins.args) {
     stack.push_back(s.kind == Slot::Kind::Attribute ? c10::IValue(plan.attributes[s.index]) : s.constant);
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;  // as a run calls it
   ins.op.callBoxed(&stack);
-  plan.attributes.push_back(stack.at(0).toTensor());
-  return static_cast<int32_t>(plan.attributes.size() - 1);
+  if (view) {
+    plan.attributes.push_back(stack.at(0).toTensor());
+    folded.kind = Slot::Kind::Attribute;
+    folded.index = static_cast<int32_t>(plan.attributes.size() - 1);
+  } else {
+    folded.kind = Slot::Kind::Constant;
+    folded.constant = std::move(stack.at(0));
+  }
+  return folded;
 }
 
 // Rewrites the Value slots of `s` (and of its elements) by `to`: a slot
@@ -49,6 +60,7 @@ void rewrite(Slot& s, const std::vector<Slot>& to) {
     const Slot& t = to[s.index];
     s.kind = t.kind;
     s.index = t.index;
+    s.constant = t.constant;
   }
   for (Slot& e : s.elements) rewrite(e, to);  // one level: list elements are plain slots
 }
@@ -61,7 +73,12 @@ void rewrite(Slot& s, const std::vector<Slot>& to) {
 // the same tensor at every run: it is computed once, here, and becomes an
 // attribute of the plan, and its instruction goes. It aliases the
 // attribute's memory, so it stays right even when the graph updates the
-// attribute in place. The instructions after it are renumbered, so the value
+// attribute in place. Packed weights (an operator that makes an object from
+// attributes, Note [Convolutions with packed weights] in
+// passes/prepack_convolutions.cpp) are computed once too and become a
+// constant argument of their readers; they are a copy, so an interpreter
+// made before the weights change keeps the old ones, as TorchScript's
+// frozen modules do (docs/optimize.md). The instructions after it are renumbered, so the value
 // table has no hole; frees are not, so this pass runs before
 // free_values_after_last_use.
 bool fold_views_of_attributes(InterpreterPlan& plan) {
@@ -78,10 +95,9 @@ bool fold_views_of_attributes(InterpreterPlan& plan) {
   for (size_t k = 0; k < instructions.size(); ++k) {
     Instruction& ins = instructions[k];
     for (Slot& a : ins.args) rewrite(a, to);
-    if (int32_t attribute = fold(plan, ins); attribute >= 0) {
+    if (Slot folded = fold(plan, ins); folded.kind != Slot::Kind::Value) {
       TORCH_INTERNAL_ASSERT(ins.frees.empty(), "views are folded before frees are planned");
-      to[ins.out].kind = Slot::Kind::Attribute;
-      to[ins.out].index = attribute;
+      to[ins.out] = std::move(folded);
       continue;
     }
     if (kept != k) instructions[kept] = std::move(ins);

@@ -1,0 +1,59 @@
+// The helpers the inference passes share (inference.h).
+#include "passes/inference.h"
+
+#include "graph/hidden_writes.h"
+#include "graph/operator_facts.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+
+namespace torchcap::detail {
+
+bool is_call_of(const Node* n, const char* name, const char* overload) {
+  return n != nullptr && n->op() == OpCode::CallFunction && n->is_operator() && n->schema().name() == name &&
+         n->schema().overload_name() == overload;
+}
+
+const Attribute* float_attribute_of(const GraphModule& gm, const Argument& a) {
+  if (!a.is_node() || a.to_node()->op() != OpCode::GetAttr) return nullptr;
+  const Attribute& attr = gm.attribute(a.to_node()->target());
+  return at::isFloatingType(attr.value.scalar_type()) && !attr.value.is_meta() ? &attr : nullptr;
+}
+
+std::string fresh_attribute_name(const GraphModule& gm, const std::string& base) {
+  std::string name = base;
+  for (int i = 1; gm.has_attribute(name); ++i) name = base + "_" + std::to_string(i);
+  return name;
+}
+
+bool writes_any_tensor(const Graph& g) {
+  for (const Node* n : g) {
+    if (!n->is_operator()) continue;
+    const OperatorFacts& f = n->facts();
+    // A hidden write counts when it happens (batch norm in training mode).
+    if (f.writes_declared || (f.hidden != nullptr && n->has_side_effects())) return true;
+  }
+  return false;
+}
+
+bool writes_an_attribute(const Graph& g) {
+  for (const Node* n : g) {
+    for (const Argument* a : written_arguments(*n)) {
+      // Up the chain of views (and of in-place results, which are their
+      // argument) to the tensor whose memory is written.
+      const Node* root = a->is_node() ? a->to_node() : nullptr;
+      while (root != nullptr && root->is_operator() && !root->facts().viewed_argument.empty()) {
+        const OperatorFacts& f = root->facts();
+        const int i = f.viewed_argument[0] >= 0 ? f.viewed_argument[0] : f.written_argument[0];
+        if (i < 0) break;
+        const auto at = static_cast<size_t>(i);
+        root = at < root->args().size() && root->args()[at].is_node() ? root->args()[at].to_node() : nullptr;
+      }
+      if (root != nullptr && root->op() == OpCode::GetAttr) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace torchcap::detail

@@ -1,0 +1,209 @@
+// Note [Convolutions with packed weights]
+// LibTorch's CPU convolution (aten::convolution) reorders its weight into
+// oneDNN's blocked layout at every call, and on an NCHW input it reorders
+// the activations too. TorchScript's optimize_for_inference avoids both by
+// converting whole regions to opaque oneDNN tensors, whose layout neither a
+// file nor torch.fx can hold. This pass keeps every value a plain strided
+// tensor and uses the operators LibTorch registers for packed weights:
+//
+//   %w = mkldnn_prepacked::conv2d_prepack(%weight, %bias, stride, padding,
+//                                         dilation, groups, input_size, "relu")
+//   %y = mkldnn_prepacked::conv2d_run(%x, %w)
+//
+// The packing reads attributes only, so the interpreter computes it once
+// (Note [Views of attributes, computed once] in
+// runtime/plan_passes/fold_views.cpp); a relu that is the convolution's only
+// reader is fused into it ("relu"); and because conv2d_run is fastest on
+// channels-last activations (and keeps them so: its result, relu, add and
+// the pools stay channels-last), the input of each packed convolution that
+// is not channels-last is made so by a clone. The file stays portable: the
+// weights are saved unpacked, and torch.fx runs the same two operators
+// (packing at every call). Measured per operator against XNNPACK's packed
+// convolution (prepacked::conv2d_clamp_*) and aten::convolution on
+// channels-last inputs, oneDNN's packed one was as fast or faster on every
+// convolution of ResNet-18 and MobileNetV2 (docs/benchmarks.md), so it is
+// the only one used.
+//
+// What is rewritten: aten::convolution, not transposed, of a 4-D float32 CPU
+// input, whose weight (and bias, if any) are float32 attributes with values,
+// with stride, padding and dilation of two ints; in a static graph (packing
+// takes the input's sizes) that writes no attribute. Strides of the values
+// after a rewritten convolution change (channels-last), so the pass runs the
+// new graph once on zeros of the inputs' recorded sizes and records what
+// every node gives; a graph whose sizes then differ from the recorded ones
+// (sizes that depend on values) or that cannot run so is left as it was.
+#include "passes/inference.h"
+
+#include <torchcap/evaluator.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/MemoryFormat.h>
+
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace torchcap::detail {
+namespace {
+
+constexpr const char* kPack = "mkldnn_prepacked::conv2d_prepack";
+constexpr const char* kRun = "mkldnn_prepacked::conv2d_run";
+
+bool is_int_pair(const Argument& a) {
+  if (!a.is_list() || a.to_list().size() != 2) return false;
+  for (const Argument& e : a.to_list()) {
+    if (!e.is_int()) return false;
+  }
+  return true;
+}
+
+bool is_float_cpu(const Attribute* a) {
+  return a != nullptr && a->value.scalar_type() == at::kFloat && a->value.device().is_cpu();
+}
+
+// A convolution this pass rewrites (the Note says which).
+bool packable(const GraphModule& gm, const Node* conv) {
+  if (!is_call_of(conv, "aten::convolution") || conv->args().size() != 9 || !conv->kwargs().empty()) return false;
+  const ArgumentList& c = conv->args();
+  if (!c[0].is_node() || !c[6].is_bool() || c[6].to_bool() || !c[8].is_int()) return false;
+  if (!is_int_pair(c[3]) || !is_int_pair(c[4]) || !is_int_pair(c[5])) return false;
+  const Attribute* weight = float_attribute_of(gm, c[1]);
+  if (!is_float_cpu(weight) || weight->value.dim() != 4) return false;
+  if (!c[2].is_none() && !is_float_cpu(float_attribute_of(gm, c[2]))) return false;
+  const ValueMeta& in = c[0].to_node()->meta().val;
+  return in.kind == ValueKind::Tensor && in.tensors[0].dtype == at::kFloat && in.tensors[0].sizes.size() == 4 &&
+         in.tensors[0].device.is_cpu();
+}
+
+// The reader of `conv` that a packed convolution can do for it: its only
+// reader, a relu (in place or not).
+Node* fusable_relu(Node* conv) {
+  if (conv->users().size() != 1) return nullptr;
+  Node* u = conv->users()[0];
+  return (is_call_of(u, "aten::relu") || is_call_of(u, "aten::relu_")) ? u : nullptr;
+}
+
+// Runs the rewritten graph once for real and records each node's value;
+// makes the input of each packed convolution that is not channels-last so,
+// remembering which (they get a clone in the graph afterwards).
+class Recorder : public Evaluator {
+ public:
+  using Evaluator::Evaluator;
+  std::unordered_set<const Node*> needs_channels_last;
+  std::vector<std::pair<const Node*, ValueMeta>> metas;
+
+ protected:
+  void run_kernel(const Node& n, std::vector<c10::IValue>& stack) override {
+    if (n.is_operator() && n.target() == kRun) {
+      const at::Tensor& x = stack.at(0).toTensor();
+      if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+        stack[0] = x.contiguous(at::MemoryFormat::ChannelsLast);
+        needs_channels_last.insert(&n);
+      }
+    }
+    Evaluator::run_kernel(n, stack);
+  }
+  void visited(const Node& n, const c10::IValue& v) override {
+    if (n.op() != OpCode::CallFunction) return;
+    ValueMeta m;
+    if (v.isTensor()) {
+      m = ValueMeta::tensor(TensorMeta::of(v.toTensor()));
+    } else if (v.isTuple()) {
+      m.kind = ValueKind::Tuple;
+      for (const c10::IValue& e : v.toTupleRef().elements()) {
+        if (!e.isTensor()) return;  // kept as recorded
+        m.tensors.push_back(TensorMeta::of(e.toTensor()));
+      }
+    } else if (v.isTensorList()) {
+      m.kind = ValueKind::List;
+      for (const at::Tensor& t : v.toTensorList()) m.tensors.push_back(TensorMeta::of(t));
+    } else {
+      return;  // a packed weight, a scalar: kept as recorded (unknown)
+    }
+    metas.emplace_back(&n, std::move(m));
+  }
+};
+
+bool same_sizes(const ValueMeta& a, const ValueMeta& b) {
+  if (a.kind != b.kind || a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    if (a.tensors[i].sizes != b.tensors[i].sizes || a.tensors[i].dtype != b.tensors[i].dtype) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool prepack_convolutions(GraphModule& gm) {
+  if (gm.is_dynamic() || writes_an_attribute(gm.graph())) return false;
+  std::vector<Node*> convs;
+  for (Node* n : gm.graph()) {
+    if (packable(gm, n)) convs.push_back(n);
+  }
+  if (convs.empty()) return false;
+
+  // The placeholders' zeros, for the run that records the new strides.
+  std::vector<c10::IValue> zeros;
+  for (const Node* p : gm.graph().placeholders()) {
+    const ValueMeta& v = p->meta().val;
+    if (v.kind != ValueKind::Tensor) return false;
+    const TensorMeta& t = v.tensors[0];
+    zeros.emplace_back(at::zeros_like(at::empty_strided(t.sizes, t.strides, at::device(t.device).dtype(t.dtype))));
+  }
+
+  GraphModule work = gm.clone();
+  Graph& g = work.graph();
+  std::vector<Node*> work_convs;
+  for (Node* n : g) {
+    if (packable(work, n)) work_convs.push_back(n);
+  }
+  for (Node* conv : work_convs) {
+    const ArgumentList c = conv->args();
+    Node* relu = fusable_relu(conv);
+    ArgumentList input_size;
+    for (int64_t s : c[0].to_node()->meta().val.tensors[0].sizes) input_size.emplace_back(s);
+    auto here = g.inserting_before(conv);
+    Node* pack = g.call_function(kPack, {c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)),
+                                         relu != nullptr ? "relu" : "none"});
+    Node* run = g.call_function(kRun, {c[0], pack});
+    run->meta() = (relu != nullptr ? relu : conv)->meta();
+    pack->meta().stack_trace = conv->meta().stack_trace;
+    pack->meta().module_stack = conv->meta().module_stack;
+    if (relu != nullptr) {
+      relu->replace_all_uses_with(run);
+      g.erase(relu);
+    }
+    conv->replace_all_uses_with(run);
+    g.erase(conv);
+  }
+
+  Recorder recorder(work);
+  try {
+    c10::NoGradGuard no_grad;
+    recorder.run(std::move(zeros));
+  } catch (const std::exception&) {
+    return false;  // the Note: left as it was
+  }
+  for (auto& [node, meta] : recorder.metas) {
+    Node* n = const_cast<Node*>(node);
+    if (n->meta().val.kind != ValueKind::Unknown && !same_sizes(n->meta().val, meta)) return false;
+    n->meta().val = std::move(meta);
+  }
+  for (Node* n : g) {
+    if (recorder.needs_channels_last.count(n) == 0) continue;
+    Node* x = n->args()[0].to_node();
+    auto here = g.inserting_before(n);
+    Node* clone = g.call_function("aten::clone", {x}, {{"memory_format", at::MemoryFormat::ChannelsLast}});
+    TensorMeta m = x->meta().val.tensors[0];
+    const std::vector<int64_t> strides = c10::get_channels_last_strides_2d(m.sizes);
+    m.strides.assign(strides.begin(), strides.end());
+    clone->meta().val = ValueMeta::tensor(std::move(m));
+    clone->meta().stack_trace = n->meta().stack_trace;
+    n->set_arg(0, clone);
+  }
+  gm = std::move(work);
+  return true;
+}
+
+}  // namespace torchcap::detail
