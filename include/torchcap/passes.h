@@ -110,6 +110,23 @@ class PassManager {
 #endif
 };
 
+// --- For inference -----------------------------------------------------------------
+
+// Makes an inference graph (traced or exported in eval mode) faster to run,
+// TorchScript's freeze + optimize_for_inference for torchcap graphs: the
+// "optimize" pipeline below (batch norms folded into convolutions, what is
+// computed from attributes alone computed once, no-op calls removed,
+// repeated and dead calls removed, convolutions run by oneDNN or XNNPACK
+// with packed weights and a fused relu or clamp on channels-last
+// activations; docs/optimize.md). Results equal the graph's to float
+// rounding (the tolerance is in docs/optimize.md). The graph stays a
+// portable file: weights are saved unpacked, and an Interpreter packs them
+// once when it is made, so weights changed after that are not seen by it.
+// Throws Error, changing nothing, for a graph that is not an inference
+// graph: one that updates buffers or inputs (a batch norm in training mode,
+// a training step). Returns whether it changed the graph.
+bool optimize_for_inference(GraphModule& gm);
+
 // --- Passes by name -------------------------------------------------------------
 // What the command's `trace --passes` and Python's `passes=` take: the name of
 // a pass or of a pipeline (named passes run to a fixpoint), comma-free.

@@ -6,6 +6,7 @@ graphs captured and saved in C++.
     ep = torchcap.export(model, (x,))  # functional; buffer writes kept
     torchcap.save(ep, "model.tcg")     # torchcap::load + Interpreter run it in C++
     gm = torchcap.load("model.tcg")    # a torch.fx.GraphModule
+    fast = torchcap.optimize_for_inference(gm)  # packed weights, folded batch norms
     out = gm(x)
     step = torchcap.export_training(model, loss_fn, (x,), (y,), optimizer=opt)
     loss = step(x, y)["loss"]          # one training step, parameters updated
@@ -17,10 +18,12 @@ docs/FORMAT.md.
 
 from torchcap._errors import Error, InputError, TraceError, WeightError
 from torchcap._load import load
+from torchcap._optimize import optimize_for_inference
 from torchcap._tcg_file import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION
 from torchcap._trace import Dim, dispatch_trace, export, save, trace
 from torchcap._training import export_training
 from torchcap._version import __version__
 
-__all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load", "Dim", "Error",
+__all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load",
+           "optimize_for_inference", "Dim", "Error",
            "TraceError", "InputError", "WeightError", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]

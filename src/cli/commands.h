@@ -42,6 +42,13 @@ std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string
                                         const std::vector<std::string>& specs,
                                         bool shapes_only = false);
 
+// `-o PATH`, checked before any work: its directory must exist and be
+// writable, and PATH must not be a directory (main.cpp).
+void check_output_path(const std::string& path);
+
+// `torchcap optimize FILE -o OUT` (optimize.cpp).
+int cmd_optimize(const std::string& file, const std::string& output, bool as_json);
+
 // The node counts and operator histogram of `gm` that `--json` prints.
 nlohmann::ordered_json summary_json(const GraphModule& gm);
 

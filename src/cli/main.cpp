@@ -5,6 +5,7 @@
 //   torchcap examples
 //   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]
 //   torchcap run FILE.tcg [--input ...] [--weights FILE] [--json]
+//   torchcap optimize FILE.tcg -o OUT.tcg [--json]   (optimize.cpp)
 //   torchcap trace MODEL.pt --train --loss mse --input ... --target ... [--optimizer adam] -o STEP.tcg
 //   torchcap run STEP.tcg --steps N --input ... [-o TRAINED.tcg]   (train.cpp)
 // trace, show and run take --library PATH (repeatable): operator libraries
@@ -111,6 +112,7 @@ struct TraceCommand {
   bool do_export = false;
   bool keep_dead = false;
   std::string passes = "dce";  // comma-separated pass and pipeline names (passes.h)
+  bool optimize = false;       // then optimize_for_inference
   bool check = true;  // compare the graph with the model on the inputs
   bool meta = false;  // meta mode: shapes only, nothing computed, no check
   std::vector<std::string> dynamic;  // --dynamic INPUT:DIM[=NAME][[MIN:MAX]]
@@ -156,24 +158,6 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
   return best.empty() ? "" : " (did you mean '" + best + "'?)";
 }
 
-// `-o PATH`, checked before any work: its directory must exist and be
-// writable, and PATH must not be a directory.
-void check_output_path(const std::string& path) {
-  if (path.empty()) return;
-  struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    throw Error("-o " + path + ": is a directory; give a file name");
-  }
-  size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    throw Error("-o " + path + ": no such directory '" + dir + "'");
-  }
-  if (::access(dir.c_str(), W_OK) != 0) {
-    throw Error("-o " + path + ": the directory '" + dir + "' is not writable");
-  }
-}
-
 // Says what `path` is when it is not a TorchScript file, before LibTorch's
 // reader reports it in its own terms ("failed finding central directory").
 void check_model_file(const std::string& path) {
@@ -210,6 +194,22 @@ void check_model_file(const std::string& path) {
 }
 
 }  // namespace
+
+void check_output_path(const std::string& path) {
+  if (path.empty()) return;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw torchcap::Error("-o " + path + ": is a directory; give a file name");
+  }
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw torchcap::Error("-o " + path + ": no such directory '" + dir + "'");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    throw torchcap::Error("-o " + path + ": the directory '" + dir + "' is not writable");
+  }
+}
 
 json summary_json(const GraphModule& gm) {
   GraphSummary s = summarize(gm);
@@ -388,6 +388,10 @@ int cmd_trace(const TraceCommand& cmd) {
   // a BatchNorm decomposition makes for statistics eval mode does not keep,
   // say) goes, as in export; --keep-dead shows the trace as recorded.
   if (!cmd.keep_dead) passes_by_name(split_commas(cmd.passes)).run(gm);
+  if (cmd.optimize) {
+    progress.step("optimizing for inference");
+    optimize_for_inference(gm);
+  }
   gm.lint();
 
   std::optional<double> diff;
@@ -668,7 +672,7 @@ int cmd_examples() {
   return 0;
 }
 
-const char* const kCommands[] = {"trace", "show", "run", "examples"};
+const char* const kCommands[] = {"trace", "show", "run", "optimize", "examples"};
 
 
 // CLI11 says "A subcommand is required" of a word it does not know.
@@ -677,9 +681,11 @@ void check_command(int argc, char** argv) {
   for (const char* c : kCommands) {
     if (std::strcmp(argv[1], c) == 0) return;
   }
+  std::string commands;
+  for (const char* c : kCommands) commands += std::string(commands.empty() ? "" : ", ") + c;
   throw CLI::ValidationError("unknown command '" + std::string(argv[1]) + "'" +
                              did_you_mean(argv[1], {std::begin(kCommands), std::end(kCommands)}) +
-                             " (commands: trace, show, run, examples)");
+                             " (commands: " + commands + ")");
 }
 
 // An option given an empty value ("-o ''") would silently do nothing.
@@ -728,6 +734,9 @@ int main_impl(int argc, char** argv) {
           return std::string(e.what());
         }
       });
+  trace_cmd->add_flag("--optimize", trace_args.optimize,
+                      "then optimize the graph for inference (the optimize pipeline; eval-mode models)")
+      ->excludes(keep_dead_flag);
   trace_cmd->add_flag("--no-check", no_check, "do not run the model and the graph to compare them");
   trace_cmd->add_flag("--meta", trace_args.meta,
                       "meta mode: compute shapes only, run no kernel and no check (inputs may be shapes)");
@@ -761,6 +770,14 @@ int main_impl(int argc, char** argv) {
       ->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
   show_cmd->add_flag("--memory", show_memory_plan, "the memory plan (with --svg: draw the arena, with --json: as JSON)")
       ->excludes(summary_flag)->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
+
+  CLI::App* optimize_cmd =
+      app.add_subcommand("optimize", "optimize a saved inference graph (docs/optimize.md) and save it");
+  optimize_cmd->add_option("file", file, "a .tcg file")->required();
+  std::string optimized;
+  optimize_cmd->add_option("-o,--output", optimized, "the .tcg file to write")->required();
+  optimize_cmd->add_option("--library", libraries, library_help);
+  optimize_cmd->add_flag("--json", as_json, "print one JSON object");
 
   CLI::App* run_cmd = app.add_subcommand("run", "run a saved graph");
   run_cmd->add_option("file", file, "a .tcg file")->required();
@@ -808,6 +825,7 @@ int main_impl(int argc, char** argv) {
   }
   check_not_empty(trace_cmd, "-o", trace_args.output);
   check_not_empty(run_cmd, "-o", output);
+  check_not_empty(optimize_cmd, "-o", optimized);
   check_not_empty(run_cmd, "--weights", weights);
   check_not_empty(run_cmd, "--data", data);
   if (run_cmd->parsed() && !data.empty() && run_cmd->count("--steps") == 0) {
@@ -828,6 +846,7 @@ int main_impl(int argc, char** argv) {
     trace_args.check = !no_check && !trace_args.meta;
     return cmd_trace(trace_args);
   }
+  if (optimize_cmd->parsed()) return cmd_optimize(file, optimized, as_json);
   if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
   if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
   if (run_cmd->parsed() && run_cmd->count("--steps") > 0 && !weights.empty()) {

@@ -37,7 +37,7 @@ bool writes_any_tensor(const Graph& g) {
   return false;
 }
 
-bool writes_an_attribute(const Graph& g) {
+const Node* writes_an_attribute(const Graph& g) {
   for (const Node* n : g) {
     for (const Argument* a : written_arguments(*n)) {
       // Up the chain of views (and of in-place results, which are their
@@ -50,10 +50,10 @@ bool writes_an_attribute(const Graph& g) {
         const auto at = static_cast<size_t>(i);
         root = at < root->args().size() && root->args()[at].is_node() ? root->args()[at].to_node() : nullptr;
       }
-      if (root != nullptr && root->op() == OpCode::GetAttr) return true;
+      if (root != nullptr && root->op() == OpCode::GetAttr) return n;
     }
   }
-  return false;
+  return nullptr;
 }
 
 }  // namespace torchcap::detail

@@ -44,8 +44,8 @@ std::string fresh_attribute_name(const GraphModule& gm, const std::string& base)
 // hidden): passes that drop copies or share values hold only without.
 bool writes_any_tensor(const Graph& g);
 
-// Whether some node writes an attribute, or a view of one: passes that
-// compute from attributes once hold only without.
-bool writes_an_attribute(const Graph& g);
+// The first node that writes an attribute, or a view of one, or nullptr:
+// passes that compute from attributes once hold only without.
+const Node* writes_an_attribute(const Graph& g);
 
 }  // namespace torchcap::detail

@@ -66,6 +66,11 @@ const std::vector<NamedPass>& named_passes() {
       {"fold_bn", "fold eval-mode batch norms into the convolutions before them "
                   "(inference graphs; weights rounded once)",
        [](GraphModule& gm) { return detail::fold_batch_norms(gm); }},
+      {"fold_constants", "compute once what is computed from attributes alone (inference graphs)",
+       [](GraphModule& gm) { return detail::fold_constants(gm); }},
+      {"no_ops", "remove detach, alias, and clones, views and dropouts that give back their input "
+                 "(graphs that write no tensor)",
+       [](GraphModule& gm) { return detail::remove_no_ops(gm); }},
       {"prepack", "run 2-D convolutions by oneDNN with weights packed once, a following relu fused, "
                   "on channels-last activations (inference graphs)",
        [](GraphModule& gm) { return detail::prepack_convolutions(gm); }},
@@ -76,8 +81,8 @@ const std::vector<NamedPass>& named_passes() {
 const std::vector<NamedPipeline>& named_pipelines() {
   static const std::vector<NamedPipeline> pipelines = {
       {"cleanup", "cse, then dce, until neither changes the graph", {"cse", "dce"}},
-      {"optimize", "for inference (optimize_for_inference): fold_bn, cse, dce, prepack",
-       {"fold_bn", "cse", "dce", "prepack"}},
+      {"optimize", "for inference (optimize_for_inference): fold_bn, fold_constants, no_ops, cse, dce, prepack",
+       {"fold_bn", "fold_constants", "no_ops", "cse", "dce", "prepack"}},
   };
   return pipelines;
 }

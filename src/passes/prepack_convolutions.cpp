@@ -18,11 +18,16 @@
 // the pools stay channels-last), the input of each packed convolution that
 // is not channels-last is made so by a clone. The file stays portable: the
 // weights are saved unpacked, and torch.fx runs the same two operators
-// (packing at every call). Measured per operator against XNNPACK's packed
-// convolution (prepacked::conv2d_clamp_*) and aten::convolution on
-// channels-last inputs, oneDNN's packed one was as fast or faster on every
-// convolution of ResNet-18 and MobileNetV2 (docs/benchmarks.md), so it is
-// the only one used.
+// (packing at every call).
+//
+// Which kernel: measured per operator against XNNPACK's packed convolution
+// (prepacked::conv2d_clamp_*) and aten::convolution on channels-last inputs,
+// oneDNN's packed one was as fast or faster on the convolutions of
+// ResNet-18 and MobileNetV2 that a relu or nothing follows (XNNPACK's 1x1
+// ones level with it, not faster over the whole model). oneDNN fuses a relu
+// only, though; a convolution whose only reader is a hardtanh (ReLU6, all
+// of MobileNetV2's) runs as XNNPACK's with the clamp fused, which saves a
+// pass over its result (docs/benchmarks.md has the figures).
 //
 // What is rewritten: aten::convolution, not transposed, of a 4-D float32 CPU
 // input, whose weight (and bias, if any) are float32 attributes with values,
@@ -36,6 +41,7 @@
 
 #include <torchcap/evaluator.h>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/MemoryFormat.h>
@@ -49,6 +55,26 @@ namespace {
 
 constexpr const char* kPack = "mkldnn_prepacked::conv2d_prepack";
 constexpr const char* kRun = "mkldnn_prepacked::conv2d_run";
+constexpr const char* kClampPack = "prepacked::conv2d_clamp_prepack";
+constexpr const char* kClampRun = "prepacked::conv2d_clamp_run";
+
+// Whether LibTorch was built with XNNPACK and it runs on this CPU: its
+// packing operator is registered either way, and throws without.
+bool xnnpack_runs() {
+  static const bool runs = [] {
+    try {
+      auto op = c10::Dispatcher::singleton().findSchemaOrThrow("prepacked::conv2d_clamp_prepack", "");
+      std::vector<c10::IValue> stack{at::ones({1, 1, 1, 1}), c10::IValue(), std::vector<int64_t>{1, 1},
+                                     std::vector<int64_t>{0, 0}, std::vector<int64_t>{1, 1}, int64_t{1},
+                                     c10::IValue(), c10::IValue()};
+      op.callBoxed(&stack);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return runs;
+}
 
 bool is_int_pair(const Argument& a) {
   if (!a.is_list() || a.to_list().size() != 2) return false;
@@ -84,6 +110,17 @@ Node* fusable_relu(Node* conv) {
   return (is_call_of(u, "aten::relu") || is_call_of(u, "aten::relu_")) ? u : nullptr;
 }
 
+// Its only reader when that is a hardtanh (ReLU6) with constant bounds,
+// which XNNPACK's packed convolution clamps to.
+Node* fusable_clamp(Node* conv) {
+  if (conv->users().size() != 1 || !xnnpack_runs()) return nullptr;
+  Node* u = conv->users()[0];
+  if (!is_call_of(u, "aten::hardtanh") && !is_call_of(u, "aten::hardtanh_")) return nullptr;
+  const ArgumentList& a = u->args();
+  auto number = [](const Argument& x) { return x.is_double() || x.is_int(); };
+  return u->kwargs().empty() && a.size() == 3 && number(a[1]) && number(a[2]) ? u : nullptr;
+}
+
 // Runs the rewritten graph once for real and records each node's value;
 // makes the input of each packed convolution that is not channels-last so,
 // remembering which (they get a clone in the graph afterwards).
@@ -95,7 +132,7 @@ class Recorder : public Evaluator {
 
  protected:
   void run_kernel(const Node& n, std::vector<c10::IValue>& stack) override {
-    if (n.is_operator() && n.target() == kRun) {
+    if (n.is_operator() && (n.target() == kRun || n.target() == kClampRun)) {
       const at::Tensor& x = stack.at(0).toTensor();
       if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
         stack[0] = x.contiguous(at::MemoryFormat::ChannelsLast);
@@ -160,13 +197,21 @@ bool prepack_convolutions(GraphModule& gm) {
   }
   for (Node* conv : work_convs) {
     const ArgumentList c = conv->args();
-    Node* relu = fusable_relu(conv);
-    ArgumentList input_size;
-    for (int64_t s : c[0].to_node()->meta().val.tensors[0].sizes) input_size.emplace_back(s);
+    Node* clamp = fusable_clamp(conv);
+    Node* relu = clamp == nullptr ? fusable_relu(conv) : clamp;
     auto here = g.inserting_before(conv);
-    Node* pack = g.call_function(kPack, {c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)),
-                                         relu != nullptr ? "relu" : "none"});
-    Node* run = g.call_function(kRun, {c[0], pack});
+    Node* pack = nullptr;
+    Node* run = nullptr;
+    if (clamp != nullptr) {
+      pack = g.call_function(kClampPack, {c[1], c[2], c[3], c[4], c[5], c[8], clamp->args()[1], clamp->args()[2]});
+      run = g.call_function(kClampRun, {c[0], pack});
+    } else {
+      ArgumentList input_size;
+      for (int64_t s : c[0].to_node()->meta().val.tensors[0].sizes) input_size.emplace_back(s);
+      pack = g.call_function(kPack, {c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)),
+                                     relu != nullptr ? "relu" : "none"});
+      run = g.call_function(kRun, {c[0], pack});
+    }
     run->meta() = (relu != nullptr ? relu : conv)->meta();
     pack->meta().stack_trace = conv->meta().stack_trace;
     pack->meta().module_stack = conv->meta().module_stack;

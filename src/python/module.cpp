@@ -597,6 +597,13 @@ PYBIND11_MODULE(_C, m) {
       .def("code_with_source", [](const GraphModule& gm) { return gm.str(true); })
       .def("training_signature", &signature_of)
       .def("written_inputs", &torchcap::detail::written_inputs)
+      // A copy made faster for inference (optimize_for_inference, passes.h).
+      .def("optimized_for_inference",
+           [](const GraphModule& gm) {
+             GraphModule copy = gm.clone();
+             optimize_for_inference(copy);
+             return copy;
+           })
       // A copy with the named passes run on it (passes_by_name: the names
       // the command's --passes takes).
       .def("with_passes",
