@@ -5,6 +5,7 @@
 #include "graph/operator_facts.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cstring>
 
@@ -25,6 +26,12 @@ std::string fresh_attribute_name(const GraphModule& gm, const std::string& base)
   std::string name = base;
   for (int i = 1; gm.has_attribute(name); ++i) name = base + "_" + std::to_string(i);
   return name;
+}
+
+void stop_requiring_grad(GraphModule& gm, const Argument& get_attr) {
+  if (!get_attr.is_node() || get_attr.to_node()->op() != OpCode::GetAttr) return;
+  const Attribute& a = gm.attribute(get_attr.to_node()->target());
+  if (a.value.requires_grad()) gm.set_attribute(a.name, a.value.detach(), a.kind);
 }
 
 bool writes_any_tensor(const Graph& g) {
@@ -54,6 +61,22 @@ const Node* writes_an_attribute(const Graph& g) {
     }
   }
   return nullptr;
+}
+
+bool xnnpack_runs() {
+  static const bool runs = [] {
+    try {
+      auto op = c10::Dispatcher::singleton().findSchemaOrThrow("prepacked::conv2d_clamp_prepack", "");
+      std::vector<c10::IValue> stack{at::ones({1, 1, 1, 1}), c10::IValue(), std::vector<int64_t>{1, 1},
+                                     std::vector<int64_t>{0, 0}, std::vector<int64_t>{1, 1}, int64_t{1},
+                                     c10::IValue(), c10::IValue()};
+      op.callBoxed(&stack);
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return runs;
 }
 
 }  // namespace torchcap::detail

@@ -28,6 +28,11 @@ bool remove_no_ops(GraphModule& gm);
 // fused, on channels-last activations.
 bool prepack_convolutions(GraphModule& gm);
 
+// Note [Linear layers with packed weights] (prepack_linears.cpp): large
+// linear layers run by XNNPACK with weights packed once and a following
+// relu or hardtanh fused.
+bool prepack_linears(GraphModule& gm);
+
 // --- Shared by the passes above ---------------------------------------------
 
 // Whether `n` calls the operator `name` ("aten::relu"), overload `overload`.
@@ -39,6 +44,15 @@ const Attribute* float_attribute_of(const GraphModule& gm, const Argument& a);
 
 // An attribute name not yet taken: `base`, else `base_1`, `base_2`, ...
 std::string fresh_attribute_name(const GraphModule& gm, const std::string& base);
+
+// The attribute a get_attr node reads, made not to require grad (its
+// value detached, the same memory): XNNPACK refuses to pack a weight that
+// requires grad, also when torch.fx runs the packing under no_grad.
+void stop_requiring_grad(GraphModule& gm, const Argument& get_attr);
+
+// Whether LibTorch was built with XNNPACK and it runs on this CPU: its
+// packing operators are registered either way, and throw without.
+bool xnnpack_runs();
 
 // Whether some node of `gm` writes a tensor (an argument, declared or
 // hidden): passes that drop copies or share values hold only without.

@@ -71,9 +71,13 @@ const std::vector<NamedPass>& named_passes() {
       {"no_ops", "remove detach, alias, and clones, views and dropouts that give back their input "
                  "(graphs that write no tensor)",
        [](GraphModule& gm) { return detail::remove_no_ops(gm); }},
-      {"prepack", "run 2-D convolutions by oneDNN with weights packed once, a following relu fused, "
-                  "on channels-last activations (inference graphs)",
-       [](GraphModule& gm) { return detail::prepack_convolutions(gm); }},
+      {"prepack", "run 2-D convolutions by oneDNN or XNNPACK and large linear layers by XNNPACK, with "
+                  "weights packed once and a following relu or hardtanh fused, on channels-last "
+                  "activations (inference graphs)",
+       [](GraphModule& gm) {
+         const bool convolutions = detail::prepack_convolutions(gm);
+         return detail::prepack_linears(gm) || convolutions;
+       }},
   };
   return passes;
 }

@@ -41,7 +41,7 @@
 
 #include <torchcap/evaluator.h>
 
-#include <ATen/core/dispatch/Dispatcher.h>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/MemoryFormat.h>
@@ -58,23 +58,6 @@ constexpr const char* kRun = "mkldnn_prepacked::conv2d_run";
 constexpr const char* kClampPack = "prepacked::conv2d_clamp_prepack";
 constexpr const char* kClampRun = "prepacked::conv2d_clamp_run";
 
-// Whether LibTorch was built with XNNPACK and it runs on this CPU: its
-// packing operator is registered either way, and throws without.
-bool xnnpack_runs() {
-  static const bool runs = [] {
-    try {
-      auto op = c10::Dispatcher::singleton().findSchemaOrThrow("prepacked::conv2d_clamp_prepack", "");
-      std::vector<c10::IValue> stack{at::ones({1, 1, 1, 1}), c10::IValue(), std::vector<int64_t>{1, 1},
-                                     std::vector<int64_t>{0, 0}, std::vector<int64_t>{1, 1}, int64_t{1},
-                                     c10::IValue(), c10::IValue()};
-      op.callBoxed(&stack);
-      return true;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }();
-  return runs;
-}
 
 bool is_int_pair(const Argument& a) {
   if (!a.is_list() || a.to_list().size() != 2) return false;
@@ -199,6 +182,8 @@ bool prepack_convolutions(GraphModule& gm) {
     const ArgumentList c = conv->args();
     Node* clamp = fusable_clamp(conv);
     Node* relu = clamp == nullptr ? fusable_relu(conv) : clamp;
+    stop_requiring_grad(work, c[1]);
+    stop_requiring_grad(work, c[2]);
     auto here = g.inserting_before(conv);
     Node* pack = nullptr;
     Node* run = nullptr;

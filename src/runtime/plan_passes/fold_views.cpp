@@ -38,7 +38,14 @@ Slot fold(InterpreterPlan& plan, const Instruction& ins) {
   if (!reads_attribute) return folded;
   std::vector<c10::IValue> stack;
   for (const Slot& s : ins.args) {
-    stack.push_back(s.kind == Slot::Kind::Attribute ? c10::IValue(plan.attributes[s.index]) : s.constant);
+    if (s.kind != Slot::Kind::Attribute) {
+      stack.push_back(s.constant);
+    } else {
+      // XNNPACK refuses to pack a weight that requires grad, whatever the
+      // grad mode; packed weights are for runs without autograd anyway.
+      const at::Tensor& t = plan.attributes[s.index];
+      stack.emplace_back(view ? t : t.detach());
+    }
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;  // as a run calls it
   ins.op.callBoxed(&stack);
