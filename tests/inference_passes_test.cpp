@@ -1,5 +1,6 @@
 // Passes for inference graphs (src/passes/inference.h): each on a small
 // graph, before and after, and on the torchvision-style ResNet-18 example.
+#include <torchcap/export.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/passes.h>
 #include <torchcap/serialize.h>
@@ -211,6 +212,200 @@ TEST(PrepackConvolutions, NotWhenTheGraphWritesAnAttributeOrIsDynamic) {
   const std::string dynamic_listing = dynamic.str();
   EXPECT_FALSE(detail::prepack_convolutions(dynamic));
   EXPECT_EQ(dynamic.str(), dynamic_listing);
+}
+
+// Values of a graph on the same inputs, for before/after comparisons.
+at::Tensor run(const GraphModule& gm, const std::vector<c10::IValue>& inputs) {
+  return Interpreter(gm).run(inputs).toTensor();
+}
+
+TEST(FoldBatchNorms, LinearAndBatchNorm1dBecomeOneLinear) {
+  torch::manual_seed(0);
+  torch::nn::Linear fc(8, 6);
+  torch::nn::BatchNorm1d bn(6);
+  {
+    torch::NoGradGuard no_grad;
+    bn->running_mean.uniform_(-1, 1);
+    bn->running_var.uniform_(0.5, 2);
+  }
+  bn->eval();
+  torch::nn::Sequential net(fc, bn, torch::nn::ReLU());
+  net->eval();
+  ModuleState state = ModuleState::of(*net);
+  GraphModule gm = torchcap::trace(state, [&net](const std::vector<c10::IValue>& in) {
+    return c10::IValue(net->forward(in[0].toTensor()));
+  }, {torch::randn({4, 8})});
+  GraphModule before = gm.clone();
+  ASSERT_TRUE(detail::fold_batch_norms(gm));
+  gm.lint();
+  EXPECT_EQ(count(gm, "aten::native_batch_norm"), 0u);
+  EXPECT_EQ(count(gm, "aten::addmm"), 1u);
+  EXPECT_TRUE(gm.has_attribute("0.weight_folded"));
+  at::Tensor x = torch::randn({4, 8});
+  EXPECT_TRUE(at::allclose(run(gm, {x}), run(before, {x}), 1e-5, 1e-5));
+}
+
+// w * 2 + b from attributes alone, then used with the input; and what must
+// stay: a random tensor, and a result larger than what it reads.
+struct ConstantsImpl : torch::nn::Module {
+  at::Tensor w = register_buffer("w", torch::randn({4}));
+  at::Tensor b = register_buffer("b", torch::randn({4}));
+};
+
+TEST(FoldConstants, WhatAttributesAloneComputeBecomesAnAttribute) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<ConstantsImpl>();
+  ModuleState state = ModuleState::of(*m);
+  GraphModule gm = torchcap::trace(state, [&m](const std::vector<c10::IValue>& in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor folded = m->w * 2 + m->b;      // folds: mul, then add
+    at::Tensor big = m->w.repeat({64});       // larger than w: stays
+    at::Tensor noise = torch::rand_like(m->b);  // random: stays
+    return c10::IValue(c10::ivalue::Tuple::create({x * folded, big.sum() + x, noise}));
+  }, {torch::randn({4})});
+  GraphModule before = gm.clone();
+  ASSERT_TRUE(detail::fold_constants(gm));
+  gm.lint();
+  EXPECT_EQ(count(gm, "aten::add.Tensor"), 1u);  // big.sum() + x
+  EXPECT_EQ(count(gm, "aten::mul.Tensor"), 1u);  // x * folded
+  EXPECT_EQ(count(gm, "aten::repeat"), 1u);
+  EXPECT_EQ(count(gm, "aten::rand_like"), 1u);
+  EXPECT_TRUE(gm.has_attribute("_folded_add"));
+  EXPECT_FALSE(gm.has_attribute("_folded_mul"));  // an intermediate, read by nothing now
+  EXPECT_TRUE(at::equal(gm.attribute("_folded_add").value, m->w * 2 + m->b));
+  at::Tensor x = torch::randn({4});
+  auto want = Interpreter(before).run({x}).toTupleRef().elements();
+  auto got = Interpreter(gm).run({x}).toTupleRef().elements();
+  EXPECT_TRUE(at::equal(got[0].toTensor(), want[0].toTensor()));
+  EXPECT_TRUE(at::equal(got[1].toTensor(), want[1].toTensor()));
+  EXPECT_FALSE(detail::fold_constants(gm));
+}
+
+TEST(RemoveNoOps, CallsThatGiveBackTheirInputGoInAGraphThatWritesNothing) {
+  GraphModule gm = torchcap::trace([](const std::vector<c10::IValue>& in) {
+    at::Tensor x = in[0].toTensor();
+    at::Tensor y = torch::dropout(x.detach().clone().view({2, 3}), 0.5, /*train=*/false);
+    at::Tensor t = x.t().clone();  // contiguous where t is not: kept
+    return c10::IValue(c10::ivalue::Tuple::create({torch::relu(y) + 1, t, x.clone()}));
+  }, {torch::randn({2, 3})});
+  GraphModule before = gm.clone();
+  const size_t clones = count(gm, "aten::clone");
+  ASSERT_TRUE(detail::remove_no_ops(gm));
+  gm.lint();
+  EXPECT_EQ(count(gm, "aten::detach"), 0u);
+  EXPECT_EQ(count(gm, "aten::view"), 0u);
+  // The clone of t changed strides; the returned clone is the caller's own.
+  EXPECT_EQ(count(gm, "aten::clone"), clones - 1);
+  at::Tensor x = torch::randn({2, 3});
+  auto want = Interpreter(before).run({x}).toTupleRef().elements();
+  auto got = Interpreter(gm).run({x}).toTupleRef().elements();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(at::equal(got[i].toTensor(), want[i].toTensor())) << i;
+  EXPECT_FALSE(detail::remove_no_ops(gm));
+
+  GraphModule writes = torchcap::trace([](const std::vector<c10::IValue>& in) {
+    at::Tensor y = in[0].toTensor().clone();
+    return c10::IValue(y.relu_() + 1);
+  }, {torch::randn({3})});
+  const std::string listing = writes.str();
+  EXPECT_FALSE(detail::remove_no_ops(writes));  // relu_ writes the clone
+  EXPECT_EQ(writes.str(), listing);
+}
+
+TEST(PrepackLinears, LargeLinearLayersRunPackedWithTheReluFused) {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(256, 300), torch::nn::ReLU(), torch::nn::Linear(300, 10));
+  net->eval();
+  ModuleState state = ModuleState::of(*net);
+  GraphModule gm = torchcap::trace(state, [&net](const std::vector<c10::IValue>& in) {
+    return c10::IValue(net->forward(in[0].toTensor()));
+  }, {torch::randn({2, 256})});
+  GraphModule before = gm.clone();
+  if (!detail::xnnpack_runs()) {
+    EXPECT_FALSE(detail::prepack_linears(gm));
+    GTEST_SKIP() << "LibTorch without XNNPACK here";
+  }
+  ASSERT_TRUE(detail::prepack_linears(gm));
+  gm.lint();
+  EXPECT_EQ(count(gm, "prepacked::linear_clamp_run"), 1u);  // 256 x 300; 300 x 10 is too small to gain
+  EXPECT_EQ(count(gm, "aten::addmm"), 1u);
+  EXPECT_EQ(count(gm, "aten::relu"), 0u);
+  at::Tensor x = torch::randn({2, 256});
+  EXPECT_TRUE(at::allclose(run(gm, {x}), run(before, {x}), 1e-5, 1e-5));
+  const std::string bytes = save_to_string(gm);
+  EXPECT_TRUE(at::equal(run(load_from_buffer(bytes.data(), bytes.size()), {x}), run(gm, {x})));
+}
+
+TEST(PrepackConvolutions, AHardtanhAfterAConvolutionIsClampedByXnnpack) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<TwoConvsImpl>();
+  ModuleState state = ModuleState::of(*m);
+  GraphModule gm = torchcap::trace(state, [&m](const std::vector<c10::IValue>& in) {
+    return c10::IValue(m->b->forward(torch::hardtanh(m->a->forward(in[0].toTensor()), 0, 6)));
+  }, {torch::randn({1, 3, 8, 8})});
+  GraphModule before = gm.clone();
+  ASSERT_TRUE(detail::prepack_convolutions(gm));
+  gm.lint();
+  if (detail::xnnpack_runs()) {
+    EXPECT_EQ(count(gm, "prepacked::conv2d_clamp_run"), 1u);
+    EXPECT_EQ(count(gm, "aten::hardtanh"), 0u);
+  } else {
+    EXPECT_EQ(count(gm, "aten::hardtanh"), 1u);
+  }
+  EXPECT_EQ(count(gm, "mkldnn_prepacked::conv2d_run"), 1u);
+  at::Tensor x = torch::randn({1, 3, 8, 8});
+  EXPECT_TRUE(at::allclose(run(gm, {x}), run(before, {x}), 1e-5, 1e-5));
+}
+
+TEST(OptimizeForInference, RefusesAGraphThatUpdatesItsBuffers) {
+  ConvBn m;
+  GraphModule training = m.trace(/*training=*/true);
+  const std::string listing = training.str();
+  try {
+    optimize_for_inference(training);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("writes one of the graph's attributes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("eval mode"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(training.str(), listing);
+  m.model->train();
+  GraphModule exported = export_program(*m.model, [&m](const std::vector<c10::IValue>& in) {
+    return c10::IValue(m.model->bn->forward(m.model->conv->forward(in[0].toTensor())));
+  }, {torch::randn({2, 3, 8, 8})});
+  try {
+    optimize_for_inference(exported);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("updates the buffer '1.num_batches_tracked'"), std::string::npos) << e.what();
+  }
+}
+
+// Every example of the zoo that is an inference graph, optimized: lint-clean,
+// equal to its traced graph within the tolerance of docs/optimize.md, and a
+// file that loads and gives the same.
+TEST(OptimizeForInference, TheExampleZoo) {
+  for (const std::string& name : examples::names()) {
+    examples::Example e = examples::make(name);
+    if (e.module != nullptr) e.module->eval();
+    GraphModule gm = examples::trace(e);
+    GraphModule optimized = gm.clone();
+    try {
+      optimize_for_inference(optimized);
+    } catch (const Error& err) {
+      // Only graphs that update what they hold are refused.
+      EXPECT_NE(std::string(err.what()).find("optimize_for_inference: "), std::string::npos) << name;
+      EXPECT_EQ(optimized.str(), gm.str()) << name;
+      continue;
+    }
+    optimized.lint();
+    std::vector<c10::IValue> inputs = e.make_inputs(1);
+    c10::IValue want = Interpreter(gm).run(inputs);
+    const std::string bytes = save_to_string(optimized);
+    GraphModule loaded = load_from_buffer(bytes.data(), bytes.size());
+    for (const GraphModule* g : {&optimized, &loaded}) {
+      EXPECT_LE(examples::max_abs_diff(Interpreter(*g).run(inputs), want), 5e-4) << name;
+    }
+  }
 }
 
 TEST(OptimizePipeline, ResNet18AgreesWithTheTracedGraph) {
