@@ -39,14 +39,19 @@
 // (sizes that depend on values) or that cannot run so is left as it was.
 #include "passes/inference.h"
 
+#include <torchcap/error.h>
 #include <torchcap/evaluator.h>
+
+#include "graph/operator_facts.h"
 
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/MemoryFormat.h>
+#include <c10/util/strides.h>
 
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -104,45 +109,86 @@ Node* fusable_clamp(Node* conv) {
   return u->kwargs().empty() && a.size() == 3 && number(a[1]) && number(a[2]) ? u : nullptr;
 }
 
-// Runs the rewritten graph once for real and records each node's value;
-// makes the input of each packed convolution that is not channels-last so,
-// remembering which (they get a clone in the graph afterwards).
+// Whether `n` reads its arguments' strides, not only their values: a view
+// (`view` of a channels-last tensor fails where the trace's contiguous one
+// did not), or an operator given strides to read memory by (`as_strided`,
+// `_reshape_alias`: they would silently read other elements).
+bool reads_strides(const Node& n) {
+  if (!n.is_operator()) return false;
+  if (n.facts().returns_view) return true;
+  const std::string& t = n.target();
+  for (const char* name : {"as_strided", "_reshape_alias", "_unsafe_view", "view_copy"}) {
+    if (t.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// Runs the rewritten graph once for real and records each node's value.
+// Makes the input of each packed convolution that is not channels-last so;
+// and where a node that reads strides would get a channels-last tensor the
+// trace had contiguous, makes it contiguous again. Remembers both (they
+// become clones in the graph afterwards).
 class Recorder : public Evaluator {
  public:
-  using Evaluator::Evaluator;
+  Recorder(const GraphModule& gm, std::unordered_map<const Node*, TensorMeta> traced)
+      : Evaluator(gm), traced_(std::move(traced)) {}
   std::unordered_set<const Node*> needs_channels_last;
+  std::vector<std::pair<Node*, Node*>> needs_contiguous;  // (reader, the input it reads)
   std::vector<std::pair<const Node*, ValueMeta>> metas;
 
  protected:
-  void run_kernel(const Node& n, std::vector<c10::IValue>& stack) override {
-    if (n.is_operator() && (n.target() == kRun || n.target() == kClampRun)) {
+  c10::IValue call_operator(const Node& n, const std::vector<BoundArgument>& args) override {
+    const bool strides = reads_strides(n);
+    std::vector<c10::IValue> stack = make_stack(args, [&](const Node* in) {
+      const c10::IValue& v = value_of(in);
+      if (!strides || !v.isTensor()) return v;
+      auto traced = traced_.find(in);
+      const at::Tensor& t = v.toTensor();
+      if (traced == traced_.end() || !t.defined() || t.strides().equals(traced->second.strides)) return v;
+      if (!traced->second.is_contiguous()) {
+        throw torchcap::Error("the trace had strides here that a clone cannot give back");  // the pass gives up
+      }
+      needs_contiguous.emplace_back(const_cast<Node*>(&n), const_cast<Node*>(in));
+      return c10::IValue(t.contiguous());
+    });
+    if (n.target() == kRun || n.target() == kClampRun) {
       const at::Tensor& x = stack.at(0).toTensor();
       if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
         stack[0] = x.contiguous(at::MemoryFormat::ChannelsLast);
         needs_channels_last.insert(&n);
       }
     }
-    Evaluator::run_kernel(n, stack);
+    run_kernel(n, stack);
+    return pack_results(std::move(stack));
   }
   void visited(const Node& n, const c10::IValue& v) override {
     if (n.op() != OpCode::CallFunction) return;
+    // What is not a defined tensor (or made of them) keeps its recorded
+    // metadata: a packed weight, a scalar, an undefined optional result.
     ValueMeta m;
     if (v.isTensor()) {
+      if (!v.toTensor().defined()) return;
       m = ValueMeta::tensor(TensorMeta::of(v.toTensor()));
     } else if (v.isTuple()) {
       m.kind = ValueKind::Tuple;
       for (const c10::IValue& e : v.toTupleRef().elements()) {
-        if (!e.isTensor()) return;  // kept as recorded
+        if (!e.isTensor() || !e.toTensor().defined()) return;
         m.tensors.push_back(TensorMeta::of(e.toTensor()));
       }
     } else if (v.isTensorList()) {
       m.kind = ValueKind::List;
-      for (const at::Tensor& t : v.toTensorList()) m.tensors.push_back(TensorMeta::of(t));
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (!t.defined()) return;
+        m.tensors.push_back(TensorMeta::of(t));
+      }
     } else {
-      return;  // a packed weight, a scalar: kept as recorded (unknown)
+      return;
     }
     metas.emplace_back(&n, std::move(m));
   }
+
+ private:
+  std::unordered_map<const Node*, TensorMeta> traced_;
 };
 
 bool same_sizes(const ValueMeta& a, const ValueMeta& b) {
@@ -208,7 +254,12 @@ bool prepack_convolutions(GraphModule& gm) {
     g.erase(conv);
   }
 
-  Recorder recorder(work);
+  // What the trace recorded of each tensor, before the run below rewrites it.
+  std::unordered_map<const Node*, TensorMeta> traced;
+  for (const Node* n : g) {
+    if (n->meta().val.kind == ValueKind::Tensor) traced.emplace(n, n->meta().val.tensors[0]);
+  }
+  Recorder recorder(work, std::move(traced));
   try {
     c10::NoGradGuard no_grad;
     recorder.run(std::move(zeros));
@@ -231,6 +282,16 @@ bool prepack_convolutions(GraphModule& gm) {
     clone->meta().val = ValueMeta::tensor(std::move(m));
     clone->meta().stack_trace = n->meta().stack_trace;
     n->set_arg(0, clone);
+  }
+  for (auto [reader, input] : recorder.needs_contiguous) {
+    auto here = g.inserting_before(reader);
+    Node* clone = g.call_function("aten::clone", {input}, {{"memory_format", at::MemoryFormat::Contiguous}});
+    TensorMeta m = input->meta().val.tensors[0];
+    const c10::DimVector strides = c10::contiguous_strides(m.sizes);
+    m.strides.assign(strides.begin(), strides.end());
+    clone->meta().val = ValueMeta::tensor(std::move(m));
+    clone->meta().stack_trace = reader->meta().stack_trace;
+    reader->replace_input_with(input, clone);
   }
   gm = std::move(work);
   return true;

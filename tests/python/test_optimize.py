@@ -1,0 +1,131 @@
+"""torchcap.optimize_for_inference and `torchcap optimize` (docs/optimize.md):
+the smallest torchvision model of each family (and MobileNetV2, whose ReLU6s
+take XNNPACK's clamped convolution), traced in eval mode, optimized, equal
+to eager within the documented tolerance, through the C++ interpreter, a
+saved file loaded by either loader, and the command; and the refusals."""
+
+import pytest
+import torch
+import torchvision
+
+import torchcap
+from torchcap._load import load_in_python
+
+from cli_helpers import error_of, run
+from zoo import MODELS
+
+torch.manual_seed(0)
+
+# docs/optimize.md: folding and packing change float rounding only.
+RTOL, ATOL = 1e-4, 1e-5
+
+CHOSEN = [m for m in MODELS if m[4] and m[0] != "r3d_18"] + [m for m in MODELS if m[0] == "mobilenet_v2"]
+
+
+def flat(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in flat(v)]
+    return [t for v in value for t in flat(v)]
+
+
+def assert_close(actual, expected, what):
+    for a, e in zip(flat(actual), flat(expected), strict=True):
+        scale = max(1.0, e.abs().max().item())
+        assert torch.allclose(a, e, rtol=RTOL, atol=ATOL * scale), (what, (a - e).abs().max().item())
+
+
+def operators(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("name,make_model,make_inputs", [(m[0], m[2], m[3]) for m in CHOSEN],
+                         ids=[m[0] for m in CHOSEN])
+def test_torchvision_models_optimized_equal_eager(name, make_model, make_inputs, tmp_path):
+    model = make_model().eval()
+    inputs = tuple(make_inputs())
+    with torch.no_grad():
+        want = model(*inputs)
+        gm = torchcap.trace(model, inputs)
+        fast = torchcap.optimize_for_inference(gm)
+        assert_close(fast(*inputs), want, "optimized")
+        assert_close(gm(*inputs), want, "traced")  # the original is left as it was
+        path = tmp_path / "model.tcg"
+        torchcap.save(fast, path)
+        assert_close(torchcap.load(path)(*inputs), want, "loaded")
+        # The Python-only reader runs torch.fx's code: it packs at each call.
+        assert_close(load_in_python(path)(*inputs), want, "loaded in Python")
+    ops, traced = operators(fast), operators(gm)
+    batch_norm = "aten.native_batch_norm.default"
+    if batch_norm in traced:  # folded where a convolution comes first: all, or some (MaxViT)
+        assert ops.count(batch_norm) < traced.count(batch_norm)
+    if any("convolution" in o for o in traced):
+        assert any(o.startswith(("mkldnn_prepacked.", "prepacked.")) for o in ops), ops
+
+
+def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
+    model = torchvision.models.mobilenet_v2().eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        fast = torchcap.optimize_for_inference(torchcap.trace(model, (x,)))
+        assert_close(fast(x), model(x), "optimized")
+    ops = operators(fast)
+    assert "aten.hardtanh_.default" not in ops and "aten.hardtanh.default" not in ops
+    assert ops.count("prepacked.conv2d_clamp_run.default") == 35  # every conv before a ReLU6
+    assert "prepacked.linear_clamp_run.default" in ops  # the 1280 x 1000 classifier
+
+
+def test_exported_and_loaded_modules_and_the_optimize_passes_by_name(tmp_path):
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        want = model(x)
+        by_name = torchcap.trace(model, (x,), passes="optimize")
+        assert_close(by_name(x), want, "passes='optimize'")
+        exported = torchcap.optimize_for_inference(torchcap.export(model, (x,)))
+        assert_close(exported(x), want, "exported")
+        torchcap.save(torchcap.trace(model, (x,)), tmp_path / "plain.tcg")
+        loaded = torchcap.optimize_for_inference(torchcap.load(tmp_path / "plain.tcg"))
+        assert_close(loaded(x), want, "loaded, then optimized")
+        with pytest.raises(torchcap.InputError):
+            loaded(torch.randn(1, 3, 32, 32))  # the file's input check still holds
+
+
+def test_refusals():
+    model = torchvision.models.resnet18()
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.raises(torchcap.Error, match="optimize_for_inference: .* eval mode"):
+        torchcap.optimize_for_inference(torchcap.trace(model, (x,)))  # train mode
+    with pytest.raises(TypeError, match="module made by torchcap"):
+        torchcap.optimize_for_inference(model.eval())
+
+
+def test_the_command(tmp_path):
+    model = torchvision.models.mobilenet_v3_small().eval()
+    scripted = tmp_path / "m.pt"
+    torch.jit.script(model).save(str(scripted))
+    plain, fast = tmp_path / "plain.tcg", tmp_path / "fast.tcg"
+    run("trace", scripted, "--input", "1x3x64x64", "-o", plain)
+    out = run("optimize", plain, "-o", fast).stdout
+    assert out.startswith(f"optimized {plain}: ") and f"saved {fast}" in out
+    diff = float(out.split("max |optimized - original| = ")[1].split()[0])
+    assert diff < 1e-4
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert_close(torchcap.load(fast)(x), model(x), "torchcap optimize")
+    traced_fast = tmp_path / "traced_fast.tcg"
+    run("trace", scripted, "--input", "1x3x64x64", "--optimize", "-o", traced_fast)
+    with torch.no_grad():
+        assert_close(torchcap.load(traced_fast)(x), model(x), "trace --optimize")
+    assert error_of("optimize", plain, code=2).startswith("--output is required")
+    assert error_of("optimze", plain, "-o", fast, code=2).startswith(
+        "unknown command 'optimze' (did you mean 'optimize'?)")
+
+
+def test_the_command_refuses_a_training_graph(tmp_path):
+    train_graph = tmp_path / "train.tcg"
+    run("trace", "--example", "cnn_bn_train", "-o", train_graph)
+    assert error_of("optimize", train_graph, "-o", tmp_path / "out.tcg").startswith(
+        "optimize_for_inference: ")
+    assert not (tmp_path / "out.tcg").exists()
