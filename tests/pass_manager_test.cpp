@@ -141,8 +141,8 @@ TEST(PassesByName, AnUnknownNameIsRefusedWithTheNamesThereAre) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "unknown pass 'fold'; the passes are: dce, cse, shapes, fold_bn, prepack, cleanup (pipeline), "
-            "optimize (pipeline)");
+              "unknown pass 'fold'; the passes are: dce, cse, shapes, fold_bn, fold_constants, no_ops, "
+              "prepack, cleanup (pipeline), optimize (pipeline)");
   }
 }
 
