@@ -3,7 +3,9 @@ inputs and random weights, traced and exported by the `torchcap` command,
 checked against eager in C++ (`torchcap trace` runs the graph and the model and
 reports the largest difference) and in Python (`torchcap.load` of both saved
 graphs, run on the same inputs), and the exported graph checked functional
-(no operator writes its arguments or returns a view of them).
+(no operator writes its arguments or returns a view of them); then the traced
+graph optimized for inference by `torchcap optimize` (docs/optimize.md),
+checked by the command against the graph and by the loader against eager.
 
     python3 zoo.py --cli build/torchcap [--only NAME,...] [--smallest] [--keep DIR]
 
@@ -187,6 +189,15 @@ def check(cli, name, make_model, make_inputs, work):
             bad = writes_or_views(gm)
             if bad:
                 raise AssertionError(f"export: not functional, calls {', '.join(bad)}")
+    # The traced graph optimized for inference (docs/optimize.md), checked by
+    # the command against the graph, and by the loader against eager.
+    optimized = work / "optimized.tcg"
+    j = torchcap_cli(cli, "optimize", work / "trace.tcg", "-o", optimized, "--json")
+    with torch.no_grad():
+        diff = max(j["max_abs_diff"], max_diff(load(str(optimized))(*inputs), expected))
+    if diff > TOLERANCE:
+        raise AssertionError(f"optimize: the optimized graph differs from eager by {diff:.3g}")
+    report["optimized_diff"] = diff
     return report
 
 
@@ -209,13 +220,14 @@ def main():
                 r = check(args.cli, name, make_model, make_inputs, pathlib.Path(tmp))
                 print(f"ok    {name:30s} {family:15s} {r['trace_nodes']:5d} nodes "
                       f"(exported {r['export_nodes']:5d})  max diff {r['trace_diff']:.1e} / "
-                      f"{r['export_diff']:.1e}  {time.perf_counter() - t0:6.1f} s", flush=True)
+                      f"{r['export_diff']:.1e} / optimized {r['optimized_diff']:.1e}  "
+                      f"{time.perf_counter() - t0:6.1f} s", flush=True)
             except Exception as e:  # noqa: BLE001  (reported per model, counted below)
                 failures += 1
                 message = str(e).splitlines()[0] if str(e) else type(e).__name__
                 print(f"FAIL  {name:30s} {family:15s} {message}", flush=True)
     passed = len(chosen) - failures
-    print(f"{passed} of {len(chosen)} models traced, exported and matched eager "
+    print(f"{passed} of {len(chosen)} models traced, exported, optimized and matched eager "
           f"(<= {TOLERANCE:g}) in C++ and Python; {time.perf_counter() - start:.0f} s")
     return 1 if failures else 0
 
