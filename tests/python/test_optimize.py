@@ -129,3 +129,19 @@ def test_the_command_refuses_a_training_graph(tmp_path):
     assert error_of("optimize", train_graph, "-o", tmp_path / "out.tcg").startswith(
         "optimize_for_inference: ")
     assert not (tmp_path / "out.tcg").exists()
+
+
+def test_a_dynamic_graph_gets_every_pass_but_packed_convolutions():
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        gm = torchcap.trace(model, (x,), dynamic_shapes=({0: torchcap.Dim("batch", min=1, max=16)},))
+        fast = torchcap.optimize_for_inference(gm)
+        for batch in (1, 3, 5):
+            y = torch.randn(batch, 3, 64, 64)
+            assert_close(fast(y), model(y), f"batch {batch}")
+    ops = operators(fast)
+    assert "aten.native_batch_norm.default" not in ops  # folded
+    # oneDNN's packing takes the input's sizes; XNNPACK's linear layer does not.
+    assert not any(o.startswith(("mkldnn_prepacked.", "prepacked.conv2d")) for o in ops)
+    assert "prepacked.linear_clamp_run.default" in ops
