@@ -106,25 +106,34 @@ TEST(FoldBatchNorms, NotWhenTheConvolutionsResultIsAlsoReadElsewhere) {
   EXPECT_EQ(gm.str(), listing);
 }
 
-TEST(FoldBatchNorms, ResNet18ByNameAgreesWithTheUnfoldedGraph) {
+// The torchvision-style ResNet-18 example through the passes `names`: a
+// graph that lints, agrees with the traced one (docs/passes.md and
+// docs/optimize.md give the tolerance), and runs the same planned (the
+// memory planner composes with the passes). Returns (traced, result).
+std::pair<GraphModule, GraphModule> resnet18_through(const std::vector<std::string>& names) {
   examples::Example e = examples::make("resnet18");
   GraphModule gm = examples::trace(e);
-  GraphModule folded = gm.clone();
-  ASSERT_TRUE(passes_by_name({"fold_bn"}).run(folded));
-  folded.lint();
+  GraphModule result = gm.clone();
+  EXPECT_TRUE(passes_by_name(names).run(result));
+  result.lint();
+  InterpreterOptions planned;
+  planned.plan_memory = true;
+  Interpreter traced(gm), passed(result), passed_planned(result, planned);
+  for (uint64_t seed : {1, 2}) {
+    std::vector<c10::IValue> inputs = e.make_inputs(seed);
+    at::Tensor want = traced.run(inputs).toTensor();
+    at::Tensor got = passed.run(inputs).toTensor();
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << seed;
+    EXPECT_TRUE(at::equal(passed_planned.run(inputs).toTensor(), got)) << seed;
+  }
+  return {std::move(gm), std::move(result)};
+}
+
+TEST(FoldBatchNorms, ResNet18ByNameAgreesWithTheUnfoldedGraph) {
+  auto [gm, folded] = resnet18_through({"fold_bn"});
   EXPECT_EQ(count(folded, "aten::native_batch_norm"), 0u);
   EXPECT_EQ(count(folded, "aten::convolution"), count(gm, "aten::convolution"));
   EXPECT_LT(folded.graph().size(), gm.graph().size());
-  InterpreterOptions planned;  // and the memory planner composes with it
-  planned.plan_memory = true;
-  Interpreter folded_planned(folded, planned);
-  for (uint64_t seed : {1, 2}) {
-    std::vector<c10::IValue> inputs = e.make_inputs(seed);
-    at::Tensor want = Interpreter(gm).run(inputs).toTensor();
-    at::Tensor got = Interpreter(folded).run(inputs).toTensor();
-    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << seed;
-    EXPECT_TRUE(at::equal(folded_planned.run(inputs).toTensor(), got)) << seed;
-  }
 }
 
 // conv -> relu -> conv (stride 2, with bias), a 4-D input.
@@ -409,24 +418,10 @@ TEST(OptimizeForInference, TheExampleZoo) {
 }
 
 TEST(OptimizePipeline, ResNet18AgreesWithTheTracedGraph) {
-  examples::Example e = examples::make("resnet18");
-  GraphModule gm = examples::trace(e);
-  GraphModule optimized = gm.clone();
-  ASSERT_TRUE(passes_by_name({"optimize"}).run(optimized));
-  optimized.lint();
+  auto [gm, optimized] = resnet18_through({"optimize"});
   EXPECT_EQ(count(optimized, "aten::convolution"), 0u);
   EXPECT_EQ(count(optimized, "aten::native_batch_norm"), 0u);
   EXPECT_EQ(count(optimized, "mkldnn_prepacked::conv2d_run"), count(gm, "aten::convolution"));
-  InterpreterOptions planned;
-  planned.plan_memory = true;
-  Interpreter plain(gm), fast(optimized), fast_planned(optimized, planned);
-  for (uint64_t seed : {1, 2}) {
-    std::vector<c10::IValue> inputs = e.make_inputs(seed);
-    at::Tensor want = plain.run(inputs).toTensor();
-    at::Tensor got = fast.run(inputs).toTensor();
-    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-5)) << seed;
-    EXPECT_TRUE(at::equal(fast_planned.run(inputs).toTensor(), got)) << seed;
-  }
 }
 
 }  // namespace
