@@ -12,6 +12,7 @@
 #include "graph/schema_check.h"
 #include "sample_graphs.h"
 #include "serialize/reader.h"
+#include "serialize/temp_files.h"
 #include "serialize_fixtures.h"
 #include "zoo.h"
 
@@ -27,7 +28,10 @@
 #include <optional>
 #include <vector>
 
+#include <csignal>
+
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace torchcap {
@@ -1354,6 +1358,51 @@ TEST(Weightless, RunningUnboundWeightsIsRefused) {
 // Note [Writing the nodes as text] in writer.cpp: the nodes, written straight
 // as text, are byte for byte what nlohmann::json would dump, also for strings
 // that need escapes or are beyond ASCII, and for floats of every kind.
+// The names in `dir`, sorted.
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Note [Temporary files and interrupts]: a process interrupted while it
+// writes a file leaves neither the file nor its temporary one, and still
+// dies of the signal; one that finishes leaves the file alone.
+TEST(Save, AnInterruptedWriteLeavesNoTemporaryFile) {
+  for (int sig : {SIGINT, SIGTERM}) {
+    TempDir dir;
+    const std::string path = dir.path() + "/out.bin";
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      detail::remove_temporary_files_on_signals();
+      detail::write_atomically(path, [sig](int fd, const std::string&) {
+        if (::write(fd, "half", 4) != 4) ::_exit(3);
+        std::raise(sig);  // interrupted halfway
+        ::_exit(4);       // not reached: the signal ends the process
+      }, [](const std::string&) { ::_exit(5); });
+      ::_exit(6);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "exit status " << WEXITSTATUS(status);
+    EXPECT_EQ(WTERMSIG(status), sig);
+    EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{}) << sig;
+  }
+  TempDir dir;
+  const std::string path = dir.path() + "/out.bin";
+  detail::write_bytes_atomically(path, "whole", 5, [](const std::string& what) { throw Error(what); });
+  EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"out.bin"});
+  EXPECT_EQ(fs::file_size(path), 5u);
+  // An error while writing removes the temporary file, and the target is untouched.
+  EXPECT_THROW(detail::write_atomically(path, [](int, const std::string&) { throw Error("no"); },
+                                        [](const std::string& what) { throw Error(what); }),
+               Error);
+  EXPECT_EQ(files_in(dir.path()), std::vector<std::string>{"out.bin"});
+  EXPECT_EQ(fs::file_size(path), 5u);
+}
+
 TEST(Save, NodesAreTheTextNlohmannJsonWouldDump) {
   GraphModule gm;
   Graph& g = gm.graph();

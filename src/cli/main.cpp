@@ -26,6 +26,7 @@
 #include "cli/memory_view.h"
 #include "graph/operator_name.h"
 #include "serialize/format.h"
+#include "serialize/temp_files.h"
 #include "zoo.h"
 
 #include <ATen/ATen.h>
@@ -530,11 +531,10 @@ void save_outputs(const std::vector<at::Tensor>& outputs, const std::string& pat
   c10::IValue value = outputs.size() == 1 ? c10::IValue(outputs[0])
                                           : c10::IValue(c10::ivalue::Tuple::create(as_ivalues(outputs)));
   std::vector<char> bytes = torch::jit::pickle_save(value);
-  FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw Error("cannot write outputs to '" + path + "'");
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok) throw Error("cannot write outputs to '" + path + "'");
+  // Note [Temporary files and interrupts]: complete, or not there at all.
+  detail::write_bytes_atomically(path, bytes.data(), bytes.size(), [&path](const std::string& what) {
+    throw Error("cannot write outputs to '" + path + "': " + what);
+  });
 }
 
 // `run --weights FILE`: the named tensors of a .tcg file (its stored
@@ -696,6 +696,9 @@ void check_not_empty(const CLI::App* cmd, const std::string& option, const std::
 }
 
 int main_impl(int argc, char** argv) {
+  // An interrupted -o leaves no temporary file (Note [Temporary files and
+  // interrupts] in src/serialize/temp_files.cpp).
+  detail::remove_temporary_files_on_signals();
   CLI::App app{"torchcap: capture LibTorch programs as graphs", "torchcap"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "torchcap " TORCHCAP_VERSION);  // torchcap.__version__

@@ -6,6 +6,7 @@
 #include "graph/operator_facts.h"
 #include "serialize/format.h"
 #include "serialize/json_scan.h"
+#include "serialize/temp_files.h"
 #include "serialize/utf8.h"
 
 #include <ATen/core/Tensor.h>
@@ -733,12 +734,6 @@ class FileSink : public Sink {
   const std::string& path_;
 };
 
-std::string directory_of(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
 }  // namespace
 
 std::string save_to_string(const GraphModule& gm) {
@@ -756,40 +751,11 @@ void save(const GraphModule& gm, const std::string& path) {
   // touched; one found in a node while writing leaves no file behind.
   w.plan();
 
-  // The temporary file is created with the mode of an ordinary new file (the
-  // umask applies), in the target's directory so that rename() is atomic.
-  static std::atomic<uint64_t> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && (errno != EEXIST || attempt > 100)) fail(system_error("create", tmp));
-  }
-  try {
+  // Note [Temporary files and interrupts] in temp_files.cpp.
+  detail::write_atomically(path, [&w](int fd, const std::string& tmp) {
     FileSink sink(fd, tmp);
     w.write(sink);
-    // The data must be on disk before the name points at it, or a crash
-    // after the rename could leave a file of zeros under the target name.
-    if (::fsync(fd) != 0) fail(system_error("flush", tmp));
-    if (::close(fd) != 0) {
-      fd = -1;
-      fail(system_error("close", tmp));
-    }
-    fd = -1;
-    if (::rename(tmp.c_str(), path.c_str()) != 0) fail(system_error("rename to", path));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Make the rename itself durable. A failure here leaves a complete file
-  // under the right name, so it is not reported.
-  int dir = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  }, [](const std::string& what) { fail(what); });
 }
 
 }  // namespace torchcap
