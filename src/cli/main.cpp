@@ -22,6 +22,7 @@
 #include <torchcap/training.h>
 
 #include "cli/cli_inputs.h"
+#include "cli/colour.h"
 #include "cli/commands.h"
 #include "cli/memory_view.h"
 #include "graph/operator_name.h"
@@ -510,7 +511,7 @@ int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std
     }
     std::cout << j.dump() << "\n";
   } else {
-    std::cout << format_summary(summarize(gm));
+    std::cout << with_headings(format_summary(summarize(gm)));
     // A training step's outputs by role (Note [Roles of a training step's
     // outputs]): which one is the loss, and what each of the others
     // updates or is the gradient of.
@@ -823,7 +824,7 @@ int main_impl(int argc, char** argv) {
       }
       hint = did_you_mean(what.substr(unexpected.size()), flags);
     }
-    std::cerr << "torchcap: error: " << one_line_of(e.what()) << hint << " (see torchcap --help)\n";
+    std::cerr << error_prefix() << one_line_of(e.what()) << hint << " (see torchcap --help)\n";
     return 2;
   }
   check_not_empty(trace_cmd, "-o", trace_args.output);
@@ -865,17 +866,18 @@ int main_impl(int argc, char** argv) {
 }  // namespace torchcap::cli
 
 int main(int argc, char** argv) {
+  using torchcap::cli::error_prefix;
   using torchcap::cli::one_line_of;
   try {
     return torchcap::cli::main_impl(argc, argv);
   } catch (const torchcap::ModelError& e) {
     // The summary, then the model's frames, as Python prints a traceback.
-    std::cerr << "torchcap: error: " << one_line_of(e.summary()) << "\n";
+    std::cerr << error_prefix() << one_line_of(e.summary()) << "\n";
     if (!e.traceback().empty()) std::cerr << e.traceback() << "\n";
   } catch (const c10::Error& e) {
-    std::cerr << "torchcap: error: " << one_line_of(e.what_without_backtrace()) << "\n";
+    std::cerr << error_prefix() << one_line_of(e.what_without_backtrace()) << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "torchcap: error: " << one_line_of(e.what()) << "\n";
+    std::cerr << error_prefix() << one_line_of(e.what()) << "\n";
   }
   return 1;
 }

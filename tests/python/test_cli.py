@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from cli_helpers import run, error_of, script_model
+from cli_helpers import TORCHCAP, run, error_of, script_model
 
 HERE = pathlib.Path(__file__).parent
 
@@ -610,3 +610,49 @@ def test_detection_model_ends_in_a_data_dependent_error(detection_model):
     # Where in torchvision's detection code, as a Python traceback.
     assert any("torchvision/models/detection/" in line for line in lines[1:]), result.stderr
     assert lines[-2].startswith('  File "') and lines[-1].startswith("    ")
+
+
+# --- colour (Note [Colour on a terminal] in src/cli/colour.h) ---------------------
+
+def on_a_terminal(*args, env=None):
+    """(stdout, stderr) of the command with both on a pseudo-terminal: the
+    terminal gets both streams; they are told apart here by running twice."""
+    import pty
+    outputs = []
+    for stream in ("stdout", "stderr"):
+        leader, follower = pty.openpty()
+        try:
+            other = "stdout" if stream == "stderr" else "stderr"
+            kwargs = {stream: follower, other: subprocess.DEVNULL}
+            subprocess.run([TORCHCAP, *map(str, args)], env=env, timeout=120, **kwargs)
+            os.close(follower)
+            chunks = []
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the terminal closed
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            outputs.append(b"".join(chunks).decode())
+        finally:
+            os.close(leader)
+    return outputs
+
+
+def test_colour_on_a_terminal_and_not_with_no_color_or_piped(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
+    _, err = on_a_terminal("nosuchcmd", env=env)
+    assert err.startswith("torchcap: \x1b[1;31merror:\x1b[0m unknown command"), repr(err)
+    _, err = on_a_terminal("nosuchcmd", env={**env, "NO_COLOR": "1"})
+    assert err.startswith("torchcap: error: unknown command"), repr(err)
+    _, err = on_a_terminal("nosuchcmd", env={**env, "TERM": "dumb"})
+    assert "\x1b[" not in err
+    graph = tmp_path / "mlp.tcg"
+    run("trace", "--example", "mlp", "-o", graph)
+    out, _ = on_a_terminal("show", graph, env=env)
+    assert "\x1b[1mnodes:\x1b[0m 11 (" in out and "\x1b[1moperators:\x1b[0m" in out, repr(out)
+    piped = run("show", graph).stdout  # captured through a pipe: plain
+    assert "\x1b[" not in piped and piped.startswith("nodes: 11 (")
+    assert "\x1b[" not in error_of("nosuchcmd", code=2)
