@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -648,6 +649,45 @@ TEST(InputLayout, WrittenInputsOfOtherStridesAreRefused) {
               std::string::npos) << e.what();
   }
   EXPECT_TRUE(at::equal(transposed, at::zeros({2, 3})));
+}
+
+}  // namespace
+}  // namespace torchcap
+
+namespace torchcap {
+namespace {
+
+// Interpreter::profile: every node of the graph, in order, timed over the
+// runs; the table's totals and the Chrome trace say the same.
+TEST(Profile, EveryNodeTimedOverTheRuns) {
+  examples::Example e = examples::make("mlp");
+  GraphModule gm = examples::trace(e);
+  Interpreter interp(gm);
+  const Profile p = interp.profile(e.make_inputs(0), 3);
+  EXPECT_EQ(p.runs, 3);
+  // The nodes that run: the two `t`s of weights are computed once, when the
+  // interpreter is made (Note [Views of attributes, computed once]).
+  const std::vector<std::string> expected = {"addmm", "relu", "addmm_1"};
+  std::vector<std::string> names;
+  double sum = 0;
+  for (const Profile::Node& n : p.nodes) {
+    names.push_back(n.name);
+    EXPECT_GT(n.seconds, 0) << n.name;
+    EXPECT_GE(n.last_seconds, 0) << n.name;
+    sum += n.seconds;
+  }
+  EXPECT_EQ(names, expected);
+  EXPECT_DOUBLE_EQ(p.seconds, sum);
+  const std::string table = p.table(2);
+  EXPECT_EQ(table.rfind("3 runs, ", 0), 0u) << table;
+  EXPECT_NE(table.find("aten::addmm       6"), std::string::npos) << table;  // 2 nodes x 3 runs
+  EXPECT_NE(table.find("slowest nodes (ms/run):"), std::string::npos) << table;
+  const nlohmann::json trace = nlohmann::json::parse(p.chrome_trace());
+  ASSERT_EQ(trace["traceEvents"].size(), expected.size());
+  EXPECT_EQ(trace["traceEvents"][0]["ph"], "X");
+  EXPECT_EQ(trace["traceEvents"][0]["name"], expected[0]);
+  EXPECT_THROW(interp.profile(e.make_inputs(0), 0), Error);
+  EXPECT_THROW(interp.profile({at::zeros({3})}, 1), InputError);  // checked as a run is
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace torchcap {
@@ -44,6 +45,29 @@ struct RunStats {
   // of a new tensor (Note [Results written over a dying argument] in
   // src/runtime/plan_passes/overwrites.cpp).
   size_t results_over_arguments = 0;
+};
+
+// Where the time of a graph's runs goes (Interpreter::profile): per node,
+// as torch.profiler's key_averages() gives per operator.
+struct Profile {
+  struct Node {
+    std::string name;    // "conv2d_run_3"
+    std::string target;  // "mkldnn_prepacked::conv2d_run"
+    std::string source;  // the innermost frame of the program's own: "model.py:42", or ""
+    double seconds = 0;  // summed over the runs
+    double last_start = 0, last_seconds = 0;  // in the last run, from its start
+  };
+  int runs = 0;
+  double seconds = 0;       // the runs' instructions, summed
+  double last_run = 0;      // the last run
+  std::vector<Node> nodes;  // the nodes that ran, in order
+
+  // Per-operator totals (calls, total, mean, share), slowest first, then the
+  // `slowest` slowest nodes with their source lines.
+  std::string table(size_t slowest = 10) const;
+  // A Chrome trace of the last run (chrome://tracing, Perfetto): one
+  // complete event per node.
+  std::string chrome_trace() const;
 };
 
 struct InterpreterOptions {
@@ -93,6 +117,13 @@ class Interpreter {
     RunStats stats;
   };
   Result run_with_stats(const std::vector<c10::IValue>& inputs) const;
+
+  // Runs `runs` times (after one run not counted, which makes what a first
+  // run makes: packed weights, a dynamic graph's plan) timing each node;
+  // runs as run() does, checks included.
+  Profile profile(const std::vector<c10::IValue>& inputs, int runs = 10) const;
+  // The same on the flat list of input tensors (as run_flat).
+  Profile profile_flat(const std::vector<at::Tensor>& inputs, int runs = 10) const;
 
   size_t num_inputs() const;
   size_t num_outputs() const;

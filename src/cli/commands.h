@@ -5,7 +5,7 @@
 
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <string>
@@ -20,6 +20,10 @@ struct Module;
 
 namespace torchcap {
 class GraphModule;
+class Interpreter;
+}
+namespace at {
+class Tensor;
 }
 
 namespace torchcap::cli {
@@ -45,6 +49,18 @@ std::vector<c10::IValue> forward_inputs(torch::jit::Module& m, const std::string
 // `-o PATH`, checked before any work: its directory must exist and be
 // writable, and PATH must not be a directory (main.cpp).
 void check_output_path(const std::string& path);
+
+// `run --profile`: where the time of `runs` runs goes, as a table, and
+// with `trace_json` a Chrome trace of the last (profile.cpp).
+struct ProfileRequest {
+  bool on = false;
+  int runs = 10;
+  std::string trace_json;
+};
+// Returns the profile's JSON form (for run --json), after printing the
+// table unless `as_json`.
+nlohmann::ordered_json profile_run(const Interpreter& interp, const std::vector<at::Tensor>& inputs,
+                                   const ProfileRequest& request, bool as_json);
 
 // `torchcap optimize FILE -o OUT` (optimize.cpp).
 int cmd_optimize(const std::string& file, const std::string& output, bool as_json);

@@ -598,7 +598,8 @@ NamedTensors load_weights(const std::string& path) {
 }
 
 int cmd_run(const std::string& file, const std::vector<std::string>& input_specs,
-            const std::string& weights, const std::string& output, bool as_json) {
+            const std::string& weights, const std::string& output, bool as_json, const ProfileRequest& profile) {
+  check_output_path(profile.trace_json);
   check_output_path(output);
   LoadOptions options;
   if (!weights.empty()) {
@@ -655,14 +656,15 @@ int cmd_run(const std::string& file, const std::vector<std::string>& input_specs
     checksum += t.numel() == 0 ? 0.0 : t.to(at::kDouble).sum().item<double>();
     outs.push_back({{"shape", t.sizes().vec()}, {"dtype", dtype_name(t.scalar_type())}});
   }
-  if (as_json) {
-    std::cout << json{{"outputs", outs}, {"checksum", checksum}, {"time_ms", ms}}.dump() << "\n";
-  } else {
+  json j = {{"outputs", outs}, {"checksum", checksum}, {"time_ms", ms}};
+  if (!as_json) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       std::printf("output %zu: %s\n", i, TensorMeta::of(outputs[i]).str().c_str());
     }
     std::printf("checksum: %.6g\ntime: %.2f ms\n", checksum, ms);
   }
+  if (profile.on) j["profile"] = profile_run(interp, inputs, profile, as_json);
+  if (as_json) std::cout << j.dump() << "\n";
   return 0;
 }
 
@@ -793,6 +795,13 @@ int main_impl(int argc, char** argv) {
   run_cmd->add_option("-o,--output", output, "save the outputs (torch.load reads them)");
   run_cmd->add_option("--library", libraries, library_help);
   run_cmd->add_flag("--json", as_json, "print one JSON object");
+  ProfileRequest profile;
+  auto* profile_flag = run_cmd->add_flag("--profile", profile.on, "time each node over --runs runs: per-operator "
+                                         "totals and the slowest nodes with their source lines");
+  run_cmd->add_option("--runs", profile.runs, "runs to profile (default 10)")->needs(profile_flag)
+      ->check(CLI::Range(1, 1000000));
+  run_cmd->add_option("--trace-json", profile.trace_json, "with --profile: a Chrome trace of the last run "
+                      "(chrome://tracing, Perfetto)")->needs(profile_flag);
   run_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
   int64_t steps = 0;
   run_cmd->add_option("--steps", steps, "run a training step (trace --train) N times, printing each "
@@ -858,7 +867,10 @@ int main_impl(int argc, char** argv) {
                 "and optimizer state its file holds");
   }
   if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, data, steps, output, as_json);
-  if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json);
+  if (run_cmd->parsed() && profile.on && run_cmd->count("--steps") > 0) {
+    throw Error("--profile runs a graph; a training step's runs (--steps) would train it");
+  }
+  if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json, profile);
   return cmd_examples();
 }
 

@@ -13,6 +13,7 @@
 #include <ATen/ops/empty_strided.h>
 
 #include <algorithm>
+#include <chrono>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -229,7 +230,7 @@ void check_write_targets(const detail::InterpreterPlan& plan, const std::vector<
 // Runs the instructions below autograd; returns the user outputs, then the
 // values to write back.
 std::vector<at::Tensor> execute(const detail::InterpreterPlan& plan, const std::vector<at::Tensor>& inputs,
-                                RunStats& stats) {
+                                RunStats& stats, detail::InstructionTimes* times) {
   // Note [The interpreter runs below autograd]
   // A graph is an inference program: it was recorded without autograd and
   // runs without it, skipping the autograd and view-tracking dispatch layers
@@ -281,7 +282,16 @@ std::vector<at::Tensor> execute(const detail::InterpreterPlan& plan, const std::
   };
 
   size_t overwritten = 0;
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point run_start, start;
+  if (times != nullptr) {
+    times->plan = &plan;
+    times->seconds.resize(plan.instructions.size());
+    times->last_start.resize(plan.instructions.size());
+    run_start = Clock::now();
+  }
   for (const Instruction& ins : plan.instructions) {
+    if (times != nullptr) start = Clock::now();
     for (const Slot& s : ins.args) stack.push_back(fetch(s, fetch));
     // Note [Results written over a dying argument] (plan_passes/overwrites.cpp):
     // the arguments are on the stack and die here, so the value table lets go
@@ -344,6 +354,13 @@ std::vector<at::Tensor> execute(const detail::InterpreterPlan& plan, const std::
     for (int32_t f : ins.frees) {
       values[f] = c10::IValue();
       --live;
+    }
+    if (times != nullptr) {  // Interpreter::profile: the instruction, its frees included
+      const size_t k = static_cast<size_t>(&ins - plan.instructions.data());
+      const Clock::time_point end = Clock::now();
+      times->seconds[k] += std::chrono::duration<double>(end - start).count();
+      times->last_start[k] = std::chrono::duration<double>(start - run_start).count();
+      times->last_run = std::chrono::duration<double>(end - run_start).count();
     }
   }
 
@@ -430,8 +447,10 @@ std::unique_ptr<detail::InterpreterPlan> plan_for(const GraphModule& gm, const I
 }  // namespace
 
 std::vector<at::Tensor> detail::run_plan(const InterpreterPlan& plan, const std::vector<at::Tensor>& inputs,
-                                         RunStats& stats) {
-  if (plan.dynamic) return run_plan(*plan.dynamic->plan_at(symbol_values(plan.dynamic->gm, inputs)), inputs, stats);
+                                         RunStats& stats, InstructionTimes* times) {
+  if (plan.dynamic) {
+    return run_plan(*plan.dynamic->plan_at(symbol_values(plan.dynamic->gm, inputs)), inputs, stats, times);
+  }
   check_inputs(plan, inputs);
   check_bound(plan, inputs);
   // Note [Concurrent runs that update buffers]
@@ -443,7 +462,7 @@ std::vector<at::Tensor> detail::run_plan(const InterpreterPlan& plan, const std:
   if (plan.updates_buffers) buffers.lock();
   check_write_targets(plan, inputs);
   std::vector<at::Tensor> laid_out = in_traced_layout(plan, inputs);
-  std::vector<at::Tensor> out = execute(plan, laid_out.empty() ? inputs : laid_out, stats);
+  std::vector<at::Tensor> out = execute(plan, laid_out.empty() ? inputs : laid_out, stats, times);
   check_no_meta_outputs(inputs, out);
   // Writes the program made, which the exported graph returns as values
   // (export.h): applied now, so a run has the program's effect (Note

@@ -156,7 +156,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
     const ValueMeta& val = n.meta().val;
     ins.node_info = static_cast<int32_t>(plan_->node_infos.size());
     plan_->node_infos.push_back(NodeInfo{
-        format_node(n), n.meta().stack_trace,
+        format_node(n), n.name(), n.target(), n.meta().stack_trace,
         val.kind == ValueKind::Tensor && val.tensors.size() == 1 ? std::optional<TensorMeta>(val.tensors[0])
                                                                  : std::nullopt});
     plan_->instructions.push_back(std::move(ins));

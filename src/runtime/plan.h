@@ -86,6 +86,8 @@ struct Instruction {
 // about it, and what the passes check a rewrite against.
 struct NodeInfo {
   std::string line;  // as printed: %addmm_1 : ... = aten::addmm(...)
+  std::string name;    // "addmm_1"
+  std::string target;  // "aten::addmm"
   StackTrace stack_trace;
   // Its recorded result, when that is one tensor.
   std::optional<TensorMeta> result;
@@ -145,8 +147,15 @@ std::unique_ptr<InterpreterPlan> build_plan(const GraphModule& gm, const Interpr
 // Runs `plan` on the flat input tensors, as Interpreter::run_flat does
 // (interpreter.cpp): checks the inputs, executes the instructions, writes
 // back what the graph updates; returns the flat user outputs.
+// With `times`, each instruction's time is added to it (Interpreter::profile).
+struct InstructionTimes {
+  const InterpreterPlan* plan = nullptr;  // the plan run (a dynamic graph's: that of the sizes)
+  std::vector<double> seconds;            // per instruction, summed over runs
+  std::vector<double> last_start;         // per instruction, in the last run, from its start
+  double last_run = 0;                    // the last run's time in instructions
+};
 std::vector<at::Tensor> run_plan(const InterpreterPlan& plan, const std::vector<at::Tensor>& inputs,
-                                 RunStats& stats);
+                                 RunStats& stats, InstructionTimes* times = nullptr);
 
 }  // namespace detail
 }  // namespace torchcap

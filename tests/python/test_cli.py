@@ -656,3 +656,23 @@ def test_colour_on_a_terminal_and_not_with_no_color_or_piped(tmp_path):
     piped = run("show", graph).stdout  # captured through a pipe: plain
     assert "\x1b[" not in piped and piped.startswith("nodes: 11 (")
     assert "\x1b[" not in error_of("nosuchcmd", code=2)
+
+
+# --- run --profile ------------------------------------------------------------
+
+def test_run_profile_prints_where_the_time_goes_and_a_chrome_trace(tmp_path):
+    graph, trace = tmp_path / "cnn.tcg", tmp_path / "trace.json"
+    run("trace", "--example", "cnn_bn_eval", "-o", graph)
+    out = run("run", graph, "--profile", "--runs", "4", "--trace-json", trace).stdout
+    table = out.split("\n\n", 1)[1]
+    assert table.startswith("4 runs, ") and "operator" in table and "slowest nodes (ms/run):" in table
+    assert f"saved the last run's trace to {trace}" in out
+    events = json.loads(trace.read_text())["traceEvents"]  # one per node of one run
+    convolutions = sum(e["cat"] == "aten::convolution" for e in events)
+    row = next(line.split() for line in table.splitlines() if line.startswith("aten::convolution "))
+    assert convolutions >= 1 and int(row[1]) == 4 * convolutions
+    assert events and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+    j = json.loads(run("run", graph, "--profile", "--runs", "2", "--json").stdout)
+    assert j["profile"]["runs"] == 2 and {n["target"] for n in j["profile"]["nodes"]} >= {"aten::convolution"}
+    assert error_of("run", graph, "--trace-json", trace, code=2).startswith("--trace-json requires --profile")
+    assert error_of("run", graph, "--profile", "--runs", "0", code=2).startswith("--runs: Value 0 not in range")
