@@ -138,6 +138,24 @@ class Runner {
     return std::move(results);
   }
 
+  // Interpreter::profile of `runs` runs on the flat input tensors, for
+  // torchcap.profile: (table, Chrome trace, [(node, target, source, seconds)]).
+  py::tuple profile(const py::list& inputs, int runs) {
+    std::vector<at::Tensor> tensors;
+    for (const py::handle& obj : inputs) {
+      if (!THPVariable_Check(obj.ptr())) throw Error("profile: the graph's inputs are tensors");
+      tensors.push_back(THPVariable_Unpack(obj.ptr()));
+    }
+    Profile p;
+    {
+      py::gil_scoped_release no_gil;
+      p = inference_->profile_flat(tensors, runs);
+    }
+    py::list nodes;
+    for (const Profile::Node& n : p.nodes) nodes.append(py::make_tuple(n.name, n.target, n.source, n.seconds));
+    return py::make_tuple(p.table(), p.chrome_trace(), nodes);
+  }
+
  private:
   void plan() {
     states_.clear();
@@ -157,7 +175,9 @@ class Runner {
 }  // namespace
 
 void register_runner_bindings(py::module_& m, py::class_<GraphModule>& graph_module) {
-  py::class_<Runner>(m, "Runner").def("run", &Runner::run, py::arg("inputs"));
+  py::class_<Runner>(m, "Runner")
+      .def("run", &Runner::run, py::arg("inputs"))
+      .def("profile", &Runner::profile, py::arg("inputs"), py::arg("runs"));
   graph_module
       .def("runner", [](py::object self) { return std::make_unique<Runner>(std::move(self)); })
       .def("fx_specs", &fx_specs, py::arg("spec_class"))
