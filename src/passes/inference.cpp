@@ -34,12 +34,26 @@ void stop_requiring_grad(GraphModule& gm, const Argument& get_attr) {
   if (a.value.requires_grad()) gm.set_attribute(a.name, a.value.detach(), a.kind);
 }
 
+FusableClamp fusable_clamp(Node* n) {
+  FusableClamp c;
+  if (n->users().size() != 1) return c;
+  Node* u = n->users()[0];
+  if (is_call_of(u, "aten::relu") || is_call_of(u, "aten::relu_")) {
+    c = {u, true, 0.0, Argument()};
+  } else if ((is_call_of(u, "aten::hardtanh") || is_call_of(u, "aten::hardtanh_")) && u->kwargs().empty() &&
+             u->args().size() == 3) {
+    const Argument& lo = u->args()[1];
+    const Argument& hi = u->args()[2];
+    if ((lo.is_double() || lo.is_int()) && (hi.is_double() || hi.is_int())) c = {u, false, lo, hi};
+  }
+  return c;
+}
+
 bool writes_any_tensor(const Graph& g) {
   for (const Node* n : g) {
-    if (!n->is_operator()) continue;
-    const OperatorFacts& f = n->facts();
-    // A hidden write counts when it happens (batch norm in training mode).
-    if (f.writes_declared || (f.hidden != nullptr && n->has_side_effects())) return true;
+    for (const Argument* a : written_arguments(*n)) {
+      if (a->is_node()) return true;  // a hidden write counts when it happens (batch norm in training)
+    }
   }
   return false;
 }

@@ -50,6 +50,16 @@ std::string fresh_attribute_name(const GraphModule& gm, const std::string& base)
 // requires grad, also when torch.fx runs the packing under no_grad.
 void stop_requiring_grad(GraphModule& gm, const Argument& get_attr);
 
+// The only reader of `n` when it is an activation a packed kernel applies as
+// it writes its result: a relu (in place or not; bounds 0 and none) or a
+// hardtanh with constant bounds (ReLU6). `node` is nullptr for any other.
+struct FusableClamp {
+  Node* node = nullptr;
+  bool relu = false;
+  Argument lo, hi;
+};
+FusableClamp fusable_clamp(Node* n);
+
 // Whether LibTorch was built with XNNPACK and it runs on this CPU: its
 // packing operators are registered either way, and throw without.
 bool xnnpack_runs();

@@ -90,25 +90,6 @@ bool packable(const GraphModule& gm, const Node* conv) {
          in.tensors[0].device.is_cpu();
 }
 
-// The reader of `conv` that a packed convolution can do for it: its only
-// reader, a relu (in place or not).
-Node* fusable_relu(Node* conv) {
-  if (conv->users().size() != 1) return nullptr;
-  Node* u = conv->users()[0];
-  return (is_call_of(u, "aten::relu") || is_call_of(u, "aten::relu_")) ? u : nullptr;
-}
-
-// Its only reader when that is a hardtanh (ReLU6) with constant bounds,
-// which XNNPACK's packed convolution clamps to.
-Node* fusable_clamp(Node* conv) {
-  if (conv->users().size() != 1 || !xnnpack_runs()) return nullptr;
-  Node* u = conv->users()[0];
-  if (!is_call_of(u, "aten::hardtanh") && !is_call_of(u, "aten::hardtanh_")) return nullptr;
-  const ArgumentList& a = u->args();
-  auto number = [](const Argument& x) { return x.is_double() || x.is_int(); };
-  return u->kwargs().empty() && a.size() == 3 && number(a[1]) && number(a[2]) ? u : nullptr;
-}
-
 // Whether `n` reads its arguments' strides, not only their values: a view
 // (`view` of a channels-last tensor fails where the trace's contiguous one
 // did not), or an operator given strides to read memory by (`as_strided`,
@@ -162,30 +143,19 @@ class Recorder : public Evaluator {
     return pack_results(std::move(stack));
   }
   void visited(const Node& n, const c10::IValue& v) override {
-    if (n.op() != OpCode::CallFunction) return;
-    // What is not a defined tensor (or made of them) keeps its recorded
-    // metadata: a packed weight, a scalar, an undefined optional result.
+    // What is not made of tensors (a packed weight, a scalar) keeps its
+    // recorded metadata.
     ValueMeta m;
-    if (v.isTensor()) {
-      if (!v.toTensor().defined()) return;
+    if (n.is_operator()) {
+      const bool several = n.schema().returns().size() > 1;
+      m = result_meta(n.schema(), several ? c10::ArrayRef<c10::IValue>(v.toTupleRef().elements())
+                                          : c10::ArrayRef<c10::IValue>(v));
+    } else if (n.is_getitem() && v.isTensor() && v.toTensor().defined()) {
       m = ValueMeta::tensor(TensorMeta::of(v.toTensor()));
-    } else if (v.isTuple()) {
-      m.kind = ValueKind::Tuple;
-      for (const c10::IValue& e : v.toTupleRef().elements()) {
-        if (!e.isTensor() || !e.toTensor().defined()) return;
-        m.tensors.push_back(TensorMeta::of(e.toTensor()));
-      }
-    } else if (v.isTensorList()) {
-      m.kind = ValueKind::List;
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (!t.defined()) return;
-        m.tensors.push_back(TensorMeta::of(t));
-      }
-    } else {
-      return;
     }
-    metas.emplace_back(&n, std::move(m));
+    if (m.kind != ValueKind::Unknown) metas.emplace_back(&n, std::move(m));
   }
+
 
  private:
   std::unordered_map<const Node*, TensorMeta> traced_;
@@ -226,15 +196,17 @@ bool prepack_convolutions(GraphModule& gm) {
   }
   for (Node* conv : work_convs) {
     const ArgumentList c = conv->args();
-    Node* clamp = fusable_clamp(conv);
-    Node* relu = clamp == nullptr ? fusable_relu(conv) : clamp;
+    // oneDNN fuses a relu only; XNNPACK clamps to a hardtanh's bounds.
+    const FusableClamp fused = fusable_clamp(conv);
+    Node* clamp = fused.node != nullptr && !fused.relu && xnnpack_runs() ? fused.node : nullptr;
+    Node* relu = fused.relu || clamp != nullptr ? fused.node : nullptr;
     stop_requiring_grad(work, c[1]);
     stop_requiring_grad(work, c[2]);
     auto here = g.inserting_before(conv);
     Node* pack = nullptr;
     Node* run = nullptr;
     if (clamp != nullptr) {
-      pack = g.call_function(kClampPack, {c[1], c[2], c[3], c[4], c[5], c[8], clamp->args()[1], clamp->args()[2]});
+      pack = g.call_function(kClampPack, {c[1], c[2], c[3], c[4], c[5], c[8], fused.lo, fused.hi});
       run = g.call_function(kClampRun, {c[0], pack});
     } else {
       ArgumentList input_size;

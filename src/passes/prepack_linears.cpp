@@ -70,25 +70,6 @@ Node* packable_weight(const GraphModule& gm, const Node* n) {
   return t->args()[0].to_node();
 }
 
-// Its only reader, when that is a relu or a hardtanh with constant bounds:
-// the clamp's bounds are then (0, none) or the hardtanh's.
-Node* fusable_clamp(Node* n, Argument& lo, Argument& hi) {
-  if (n->users().size() != 1) return nullptr;
-  Node* u = n->users()[0];
-  if (is_call_of(u, "aten::relu") || is_call_of(u, "aten::relu_")) {
-    lo = 0.0;
-    return u;
-  }
-  if ((is_call_of(u, "aten::hardtanh") || is_call_of(u, "aten::hardtanh_")) && u->kwargs().empty() &&
-      u->args().size() == 3 && (u->args()[1].is_double() || u->args()[1].is_int()) &&
-      (u->args()[2].is_double() || u->args()[2].is_int())) {
-    lo = u->args()[1];
-    hi = u->args()[2];
-    return u;
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 bool prepack_linears(GraphModule& gm) {
@@ -101,14 +82,14 @@ bool prepack_linears(GraphModule& gm) {
   for (Node* n : linears) {
     Node* weight = packable_weight(gm, n);
     Node* t = n->args()[2].to_node();
-    Argument lo, hi;
-    Node* clamp = fusable_clamp(n, lo, hi);
+    const FusableClamp fused = fusable_clamp(n);
+    Node* clamp = fused.node;
     stop_requiring_grad(gm, weight);
     stop_requiring_grad(gm, n->args()[0]);
     Node* run = nullptr;
     {
       auto here = g.inserting_before(n);
-      Node* pack = g.call_function("prepacked::linear_clamp_prepack", {weight, n->args()[0], lo, hi});
+      Node* pack = g.call_function("prepacked::linear_clamp_prepack", {weight, n->args()[0], fused.lo, fused.hi});
       pack->meta().stack_trace = n->meta().stack_trace;
       pack->meta().module_stack = n->meta().module_stack;
       run = g.call_function("prepacked::linear_clamp_run", {n->args()[1], pack});

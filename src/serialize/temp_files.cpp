@@ -62,16 +62,28 @@ extern "C" void remove_and_reraise(int sig) {
   std::raise(sig);
 }
 
-std::string system_error(const std::string& what, const std::string& path) {
-  return "cannot " + what + " '" + path + "': " + std::strerror(errno);
-}
-
 std::string directory_of(const std::string& path) {
   size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
 }
 
 }  // namespace
+
+std::string system_error(const std::string& what, const std::string& path) {
+  return "cannot " + what + " '" + path + "': " + std::strerror(errno);
+}
+
+bool write_fully(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
 
 void write_atomically(const std::string& path, const std::function<void(int fd, const std::string& tmp)>& write,
                       const std::function<void(const std::string& what)>& caller_fail) {
@@ -128,12 +140,7 @@ void write_bytes_atomically(const std::string& path, const char* data, size_t si
     throw Error(what);
   };
   write_atomically(path, [&](int fd, const std::string& tmp) {
-    for (size_t done = 0; done < size;) {
-      ssize_t n = ::write(fd, data + done, size - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail(system_error("write", tmp));
-      done += static_cast<size_t>(n);
-    }
+    if (!write_fully(fd, data, size)) fail(system_error("write", tmp));
   }, caller_fail);
 }
 

@@ -20,6 +20,13 @@ void write_atomically(const std::string& path, const std::function<void(int fd, 
 void write_bytes_atomically(const std::string& path, const char* data, size_t size,
                             const std::function<void(const std::string& what)>& fail);
 
+// "cannot WHAT 'PATH': " and errno's description.
+std::string system_error(const std::string& what, const std::string& path);
+
+// Writes all `size` bytes to `fd`, again after EINTR and short writes;
+// false (errno set) on an error.
+bool write_fully(int fd, const void* data, size_t size);
+
 // Installs handlers for SIGINT, SIGTERM and SIGHUP that remove the
 // temporary files being written, then end the process as the signal would
 // have. For programs (the torchcap command); a library does not take

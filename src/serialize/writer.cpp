@@ -683,21 +683,10 @@ class Writer {
   format::Header header_;
 };
 
-std::string system_error(const std::string& what, const std::string& path) {
-  return "cannot " + what + " '" + path + "': " + std::strerror(errno);
-}
+using detail::system_error;
 
 void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail(system_error("write", path));
-    }
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
+  if (!detail::write_fully(fd, data, size)) fail(system_error("write", path));
 }
 
 class StringSink : public Sink {
