@@ -866,10 +866,10 @@ int main_impl(int argc, char** argv) {
     throw Error("--weights does not apply to --steps: a training step starts from the parameters "
                 "and optimizer state its file holds");
   }
-  if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, data, steps, output, as_json);
   if (run_cmd->parsed() && profile.on && run_cmd->count("--steps") > 0) {
     throw Error("--profile runs a graph; a training step's runs (--steps) would train it");
   }
+  if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, data, steps, output, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json, profile);
   return cmd_examples();
 }

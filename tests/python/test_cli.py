@@ -676,3 +676,5 @@ def test_run_profile_prints_where_the_time_goes_and_a_chrome_trace(tmp_path):
     assert j["profile"]["runs"] == 2 and {n["target"] for n in j["profile"]["nodes"]} >= {"aten::convolution"}
     assert error_of("run", graph, "--trace-json", trace, code=2).startswith("--trace-json requires --profile")
     assert error_of("run", graph, "--profile", "--runs", "0", code=2).startswith("--runs: Value 0 not in range")
+    assert error_of("run", graph, "--profile", "--steps", "1") == (
+        "--profile runs a graph; a training step's runs (--steps) would train it")

@@ -123,6 +123,15 @@ def test_the_command(tmp_path):
         "unknown command 'optimze' (did you mean 'optimize'?)")
 
 
+def test_the_command_refuses_a_weightless_file(tmp_path):
+    model = torch.nn.Linear(4, 2).to("meta")
+    weightless = tmp_path / "weightless.tcg"
+    torchcap.save(torchcap.trace(model, (torch.randn(3, 4, device="meta"),), meta=True), weightless)
+    assert error_of("optimize", weightless, "-o", tmp_path / "out.tcg").startswith(
+        f"'{weightless}' is weightless (weight, ... have no values): optimizing folds and packs weights")
+    assert not (tmp_path / "out.tcg").exists()
+
+
 def test_the_command_refuses_a_training_graph(tmp_path):
     train_graph = tmp_path / "train.tcg"
     run("trace", "--example", "cnn_bn_train", "-o", train_graph)
