@@ -18,6 +18,7 @@ docs/FORMAT.md.
 
 from torchcap._errors import Error, InputError, TraceError, WeightError
 from torchcap._load import load
+from torchcap._onnx import to_onnx
 from torchcap._optimize import optimize_for_inference
 from torchcap._profile import Profile, profile
 from torchcap._tcg_file import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION
@@ -26,5 +27,5 @@ from torchcap._training import export_training
 from torchcap._version import __version__
 
 __all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load",
-           "optimize_for_inference", "profile", "Profile", "Dim", "Error",
+           "optimize_for_inference", "profile", "Profile", "to_onnx", "Dim", "Error",
            "TraceError", "InputError", "WeightError", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]
