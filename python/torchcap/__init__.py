@@ -24,7 +24,7 @@ from torchcap._profile import Profile, profile
 from torchcap._tcg_file import FORMAT_MAJOR_VERSION, FORMAT_MINOR_VERSION
 from torchcap._trace import Dim, dispatch_trace, export, save, trace
 from torchcap._training import export_training
-from torchcap._version import __version__
+from torchcap._version import __version__ as __version__
 
 __all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load",
            "optimize_for_inference", "profile", "Profile", "to_onnx", "Dim", "Error",

@@ -1,11 +1,13 @@
 """torchcap.optimize_for_inference: the C++ optimize_for_inference on a
 module torchcap made (docs/optimize.md)."""
 
+from torch.fx.graph_module import GraphModule  # as in _trace.py
+
 from torchcap._bridge import _as_traced, _reduce_traced
 from torchcap._trace import _require_C
 
 
-def optimize_for_inference(gm):
+def optimize_for_inference(gm: GraphModule) -> GraphModule:
     """A copy of `gm` made faster to run for inference, as TorchScript's
     freeze + optimize_for_inference do for scripted modules: batch norms
     folded into convolutions, what is computed from weights alone computed

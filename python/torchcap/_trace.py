@@ -13,10 +13,14 @@ are the module's own parameters and buffers.
 
 import operator
 import os
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.nn
 import torch.utils._pytree as pytree
+# torch.fx.GraphModule where it is defined: torch.fx does not export the name
+# to type checkers (mypy --strict finds no torch.fx.GraphModule).
+from torch.fx.graph_module import GraphModule
 
 from torchcap import _errors
 from torchcap._errors import Error, TraceError
@@ -182,7 +186,7 @@ def _module_of(f):
     return owner if isinstance(owner, torch.nn.Module) else None
 
 
-def _check_args(args, kwargs):
+def _check_args(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(args, list):
         args = tuple(args)
     if not isinstance(args, tuple):
@@ -285,17 +289,24 @@ def _argument_specs(args, kwargs):
 class Dim:
     """A dynamic size, as torch.export's Dim: Dim("batch", min=1, max=64).
 
-    Dimensions given one Dim (or one name) are one symbol, equal in every
-    call. min defaults to 2: a program traced at sizes of 2 or more may take
-    another path at 1; asking for 1 makes the trace check the graph there.
-    max None: no bound (every call is still checked against min)."""
+    name: an identifier. Dimensions given one Dim (or one name) are one
+    symbol, equal in every call.
+    min: the smallest size, default 2: a program traced at sizes of 2 or
+    more may take another path at 1; asking for 1 makes the trace check the
+    graph there.
+    max: the largest size; None: no bound (every call is still checked
+    against min)."""
 
-    def __init__(self, name, *, min=2, max=None):
+    name: str
+    min: int
+    max: Optional[int]
+
+    def __init__(self, name: str, *, min: int = 2, max: Optional[int] = None) -> None:
         if not isinstance(name, str) or not name.isidentifier():
             raise TypeError(f"Dim: the name must be an identifier, got {name!r}")
         self.name, self.min, self.max = name, int(min), None if max is None else int(max)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         bounds = "" if self.max is None else f", max={self.max}"
         return f"Dim({self.name!r}, min={self.min}{bounds})"
 
@@ -343,23 +354,34 @@ def _dynamic_dims(dynamic_shapes, args):
     return out
 
 
-def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_mutation=False,
-          allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None,
-          dynamic_shapes=None):
+def trace(f: Callable[..., Any], args: Union[tuple[Any, ...], list[Any]],
+          kwargs: Optional[dict[str, Any]] = None, *, inference: bool = False,
+          preserve: Optional[Iterable[Union[str, torch._ops.OpOverload,
+                                            torch._ops.OpOverloadPacket]]] = None,
+          allow_input_mutation: bool = False, allow_data_dependent_values: bool = False,
+          record_stack_traces: bool = True, meta: bool = False,
+          passes: Union[str, Sequence[str], None] = None,
+          dynamic_shapes: Optional[Sequence[Any]] = None) -> GraphModule:
     """Runs f(*args, **kwargs) once and returns the aten operators it ran as a torch.fx.GraphModule.
 
     f: an nn.Module or any callable. Its parameters and buffers (those of the
     module, or of the module a bound method belongs to) become get_attr nodes
     by qualified name; other tensors it reads are lifted as _tensor_constantN.
-    args, kwargs: pytrees (tuples, lists, dicts) of tensors and scalars;
-    tensors become placeholders, scalars are specialised. The result takes
-    the same arguments and returns the same structure as f.
+    args, kwargs: pytrees (tuples, lists, dicts, named tuples) of tensors and
+    scalars; tensors become placeholders, scalars are specialised. args is
+    the tuple of positional arguments ((x,) for one tensor), kwargs a dict
+    of keyword arguments. The result takes the same arguments and returns
+    the same structure as f.
 
-    inference: run under torch.inference_mode, where `preserve` operators
-    (default aten::linear, aten::layer_norm) are recorded whole.
+    inference: run under torch.inference_mode, where the `preserve`
+    operators are recorded whole instead of decomposed.
+    preserve: the operators kept whole under inference, as names
+    ("aten::linear") or torch.ops.aten operators; default aten::linear and
+    aten::layer_norm.
     allow_input_mutation: let f write to its inputs (on copies during the
-    trace; the graph records the writes). allow_data_dependent_values: let f
-    read tensor values into Python (.item(), `if t.sum() > 0`), baking them in.
+    trace; the graph records the writes).
+    allow_data_dependent_values: let f read tensor values into Python
+    (.item(), `if t.sum() > 0`), baking them in.
     record_stack_traces: node.meta["stack_trace"] with f's Python frames and
     node.meta["nn_module_stack"].
     meta: meta mode. f computes on meta tensors (shapes, no data) and no
@@ -369,9 +391,11 @@ def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_m
     which stand for CPU tensors; f sees tensors on the devices the real
     program would use. Operators without a meta kernel, and those whose
     result depends on values (.item(), nonzero), raise TraceError.
-    passes: graph passes run on the trace, in order, by name: "dce", "cse",
-    "shapes", or the pipeline "cleanup" (cse and dce until neither changes
-    the graph); one name or a list. torchcap.Error names an unknown one.
+    passes: graph passes run on the trace, in order, by name (one name or a
+    list): "dce", "cse", "shapes", "fold_bn", "fold_constants", "no_ops",
+    "prepack", or the pipelines "cleanup" (cse and dce until neither
+    changes the graph) and "optimize" (what optimize_for_inference runs);
+    docs/passes.md. torchcap.Error names an unknown one.
     dynamic_shapes: the input dimensions the graph takes at any size, as
     torch.export has them: one entry per positional argument, for a tensor
     None or {dim: torchcap.Dim("batch", max=64)}, nested as the argument is.
@@ -386,40 +410,54 @@ def trace(f, args, kwargs=None, *, inference=False, preserve=None, allow_input_m
                     dynamic_shapes=dynamic_shapes)
 
 
-def export(f, args, kwargs=None, *, inference=False, preserve=None,
-           allow_data_dependent_values=False, record_stack_traces=True, meta=False, passes=None,
-           dynamic_shapes=None):
+def export(f: Callable[..., Any], args: Union[tuple[Any, ...], list[Any]],
+           kwargs: Optional[dict[str, Any]] = None, *, inference: bool = False,
+           preserve: Optional[Iterable[Union[str, torch._ops.OpOverload,
+                                             torch._ops.OpOverloadPacket]]] = None,
+           allow_data_dependent_values: bool = False, record_stack_traces: bool = True,
+           meta: bool = False, passes: Union[str, Sequence[str], None] = None,
+           dynamic_shapes: Optional[Sequence[Any]] = None) -> GraphModule:
     """trace, then dead-code elimination and a functionalizing re-trace.
 
     The graph has no in-place or view operators. Writes the program makes to
     its buffers (BatchNorm's running statistics in train mode) and inputs are
     extra outputs of the graph, written back when the module runs, so calling
-    the result has the program's effect. meta, passes, dynamic_shapes: as
-    for trace.
+    the result has the program's effect (f may write to its inputs: there is
+    no allow_input_mutation).
+
+    f, args, kwargs, inference, preserve, allow_data_dependent_values,
+    record_stack_traces, meta, passes, dynamic_shapes: as for trace.
     """
     return _capture(f, args, kwargs, True, inference, preserve, True,
                     allow_data_dependent_values, record_stack_traces, meta, passes=passes,
                     dynamic_shapes=dynamic_shapes)
 
 
-def dispatch_trace(f, args):
+def dispatch_trace(f: Callable[..., Any],
+                   args: Union[tuple[Any, ...], list[Any]]) -> GraphModule:
     """Upstream's dispatch_trace: export(f, args), with the inputs immutable to
     out= arguments as upstream's tracer has them (writes of in-place operators
     to inputs are exported; `torch.add(a, b, out=a)` with `a` an input is a
-    TraceError, as in torchcap.trace)."""
+    TraceError, as in torchcap.trace).
+
+    f: an nn.Module or any callable; args: the tuple of its positional
+    arguments, as for trace.
+    """
     return _capture(f, args, None, True, False, None, True, False, True,
                     refuse_out_into_inputs=True)
 
 
-def save(gm, path):
+def save(gm: GraphModule, path: Union[str, os.PathLike[str]]) -> None:
     """Writes a graph to a `.tcg` file, which torchcap::load (C++) and
     torchcap.load read.
 
     gm: a GraphModule made by torchcap.trace or torchcap.export, saved with
     its arguments and results as traced and the module's current tensors; or
     another torch.fx.GraphModule of aten operators (make_fx's), saved with
-    flat arguments and a tuple of results. Raises torchcap.Error naming what
-    cannot be stored.
+    flat arguments and a tuple of results.
+    path: the file to write, a str or path-like object.
+
+    Raises torchcap.Error naming what cannot be stored.
     """
     _require_C()
     path = os.fspath(path)

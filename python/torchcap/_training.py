@@ -13,7 +13,10 @@ named optimizer.<state>.<parameter>, and optimizer.step) and the model's
 buffers are the returned module's own tensors, updated by each call.
 """
 
+from typing import Any, Callable, Optional, Sequence, Union
+
 import torch
+from torch.fx.graph_module import GraphModule  # as in _trace.py
 
 from torchcap._errors import Error, TraceError
 from torchcap._bridge import _to_fx
@@ -71,8 +74,12 @@ def _optimizer_spec(optimizer, module):
     return name, {k: group[k] for k in keys}
 
 
-def export_training(module, loss_fn, args, targets, *, optimizer=None, record_stack_traces=True,
-                    dynamic_shapes=None):
+def export_training(module: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
+                    args: Union[tuple[Any, ...], list[Any]],
+                    targets: Union[tuple[Any, ...], list[Any]], *,
+                    optimizer: Optional[torch.optim.Optimizer] = None,
+                    record_stack_traces: bool = True,
+                    dynamic_shapes: Optional[Sequence[Sequence[Any]]] = None) -> GraphModule:
     """Captures one training step of `module` as a torch.fx.GraphModule.
 
     module: an nn.Module in training mode. loss_fn(outputs, *targets) returns
@@ -95,6 +102,8 @@ def export_training(module, loss_fn, args, targets, *, optimizer=None, record_st
     parameter, state): "loss", "gradient", "parameter update", "optimizer
     state", "buffer update".
 
+    record_stack_traces: as for torchcap.trace: node.meta["stack_trace"]
+    and node.meta["nn_module_stack"] from the module's Python frames.
     dynamic_shapes: as torchcap.trace's, one entry per element of args, then
     one per target: (({0: batch},), ({0: batch},)) for a dynamic batch.
 

@@ -1,13 +1,15 @@
 """Binding weights to a loaded module's attributes by name (torchcap.load's
 `weights`), with the rules of the C++ GraphModule::bind_weights."""
 
+from typing import Any, Mapping, Optional, Sequence
+
 import torch
 
 from torchcap._errors import WeightError
 from torchcap._runtime import _dense, _describe
 
 
-def _in_recorded_layout(w, recorded):
+def _in_recorded_layout(w: torch.Tensor, recorded: torch.Tensor) -> torch.Tensor:
     """`w`, copied into `recorded`'s strides when they differ where it matters
     (as load_state_dict copies into a parameter); the graph then sees the
     layout it was traced with."""
@@ -22,7 +24,9 @@ def _in_recorded_layout(w, recorded):
     return out
 
 
-def _bind(attributes, weights, strict):
+def _bind(attributes: Sequence[tuple[str, str, Optional[torch.Tensor]]],
+          weights: Mapping[str, Any],
+          strict: bool) -> list[tuple[str, str, Optional[torch.Tensor]]]:
     """(name, kind, tensor) of each attribute with `weights` bound, by name.
 
     The rules of the C++ GraphModule::bind_weights: every weightless (meta)
@@ -35,7 +39,8 @@ def _bind(attributes, weights, strict):
     if not hasattr(weights, "items"):
         raise WeightError(f"weights must be a dict of tensors by name (a state dict), not a "
                           f"{type(weights).__name__}")
-    groups = {}  # id(tensor) -> attribute indices; an undefined attribute stands alone
+    # id(tensor) -> attribute indices; an undefined attribute stands alone
+    groups: dict[Any, list[int]] = {}
     for i, (_, _, tensor) in enumerate(attributes):
         groups.setdefault(id(tensor) if tensor is not None else ("none", i), []).append(i)
     missing, problems, bound = [], [], {}  # missing weights are listed first
