@@ -16,6 +16,12 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefi
 if(NOT result EQUAL 0)
   message(FATAL_ERROR "python install test: installing failed:\n${out}\n${err}")
 endif()
+# The types ship with the package (PEP 561): type checkers read them there.
+foreach(typed py.typed _C.pyi)
+  if(NOT EXISTS ${prefix}/${PACKAGE_DIR}/torchcap/${typed})
+    message(FATAL_ERROR "python install test: torchcap/${typed} is not installed")
+  endif()
+endforeach()
 
 set(check [=[
 import torch, torchcap, torchcap._C, sys
