@@ -149,9 +149,10 @@ def _lower(gm):
     if getattr(codegen, "mutations", None):
         kind, target = codegen.mutations[0]
         what = "buffer" if kind == "buffer_mutation" else "input"
-        raise Error(f"to_onnx: the graph writes {what} {target} ({len(codegen.mutations)} value(s) in "
-                    "all: an exported model in train mode updates its buffers); an ONNX model cannot "
-                    "update its inputs or weights. Export the model in eval mode (model.eval()).")
+        more = f" and {len(codegen.mutations) - 1} more" if len(codegen.mutations) > 1 else ""
+        raise Error(f"to_onnx: the graph writes {what} {target}{more}; an ONNX model cannot update its "
+                    "inputs or weights. Export the model in eval mode (model.eval()), where batch "
+                    "norms update nothing.")
     root = torch.nn.Module()
     graph = _flat_copy(gm, root)
     _refuse_writes_to_inputs(graph)
