@@ -842,7 +842,9 @@ def _export(lowered, leaves, path, **options):
             # the tracer warns at each, as it would for any model.
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             torch.onnx.export(lowered, leaves, path, **options)
-    except (torch.onnx.errors.OnnxExporterError, RuntimeError) as e:
+    except OSError:
+        raise  # the file could not be written, as open() would say
+    except Exception as e:  # a rule's refusal, or one of TorchScript's passes'
         message = str(e).strip()
         named = re.search(r"operator '?(?:aten::)?(\w+)'?", message)
         nodes = []
@@ -851,6 +853,6 @@ def _export(lowered, leaves, path, **options):
                      if getattr(getattr(n.target, "_schema", None), "name", None) ==
                      f"aten::{named.group(1)}"]
         where = f" (the first of its nodes: {_describe(nodes[0])})" if nodes else ""
+        first = message.splitlines()[0].split("  [Caused by")[0] if message else ""
         raise Error(f"to_onnx: torch.onnx.export failed on the lowered graph{where}: "
-                    f"{message.splitlines()[0] if message else type(e).__name__}"
-                    f"{_source(nodes[0]) if nodes else ''}") from None
+                    f"{type(e).__name__}: {first}{_source(nodes[0]) if nodes else ''}") from None

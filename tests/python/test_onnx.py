@@ -254,6 +254,25 @@ def test_an_operator_without_a_rule_is_named_with_its_node_and_line():
     assert "Traceback" not in message
 
 
+def max_pooling(x):
+    return torch.nn.functional.adaptive_max_pool2d(x, 3)
+
+
+def test_a_rules_refusal_names_the_node_without_the_exporters_traceback():
+    # The exporter has a rule, which takes only output sizes that divide the input's.
+    x = torch.randn(1, 2, 8, 8)
+    gm = torchcap.trace(max_pooling, (x,))
+    with pytest.raises(torchcap.Error) as e:
+        torchcap.to_onnx(gm, (x,), io.BytesIO())
+    message = str(e.value)
+    assert message.startswith(
+        "to_onnx: torch.onnx.export failed on the lowered graph (the first of its nodes: node "
+        "adaptive_max_pool2d (aten::adaptive_max_pool2d.default)): SymbolicValueError: Unsupported: "
+        "ONNX export of operator adaptive_max_pool2d, output size that are not factor of input size")
+    assert "adaptive_max_pool2d(x, 3)" in message and "Traceback" not in message
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
 def test_a_batch_norm_in_training_mode_is_refused():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
     x = image(batch=2, size=8)
