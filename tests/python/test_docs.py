@@ -35,6 +35,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -239,8 +240,11 @@ def bin_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fixtures_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("fixtures")
+def fixtures_dir():
+    # Removed afterwards, as each document's directory is: ViT-B/32 alone is
+    # 350 MB, and pytest keeps the temporary directories of recent runs.
+    with tempfile.TemporaryDirectory(prefix="torchcap_docs_fixtures_") as directory:
+        yield pathlib.Path(directory)
 
 
 def provide_fixtures(command, directory, fixtures_dir):
@@ -298,16 +302,17 @@ NOT_RUN = [(block, reason) for path in DOCUMENTS for block, reason in STEPS[path
 
 
 @pytest.mark.parametrize("path", RUN, ids=[str(p.relative_to(ROOT)) for p in RUN])
-def test_document(path, tmp_path, bin_dir, fixtures_dir):
+def test_document(path, bin_dir, fixtures_dir):
     """Runs the document's blocks in order in one directory; reports every
     block whose output differs from the quoted one, not only the first."""
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     failures = []
-    for step in STEPS[path][0]:
-        if step[0] == "shell":
-            failures += run_transcript(step[1], tmp_path, env, fixtures_dir)
-        else:
-            failures += run_python(step[1], step[2], tmp_path, env)
+    with tempfile.TemporaryDirectory(prefix="torchcap_docs_") as directory:
+        for step in STEPS[path][0]:
+            if step[0] == "shell":
+                failures += run_transcript(step[1], pathlib.Path(directory), env, fixtures_dir)
+            else:
+                failures += run_python(step[1], step[2], pathlib.Path(directory), env)
     if failures:
         pytest.fail(f"{len(failures)} of the quoted outputs of {path.relative_to(ROOT)} differ from what "
                     f"runs print now:\n\n" + "\n\n".join(failures), pytrace=False)
