@@ -89,9 +89,12 @@ sanitize: deps
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
 	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS)
 
-# Trace the built-in ResNet-18, save it, show it, run it, draw it.
+# Trace the built-in ResNet-18, save it, show it, run it, draw it. Builds
+# only what the demo runs (the library and the command, not the tests,
+# benchmarks or the Python extension), so a first `make demo` is quick.
 DEMO_DIR = $(BUILD_DIR)/demo
-demo: build
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target torchcap_cli
 	@mkdir -p $(DEMO_DIR)
 	@echo "== torchcap trace --example resnet18 -o $(DEMO_DIR)/resnet18.tcg"
 	@$(BUILD_DIR)/torchcap trace --example resnet18 -o $(DEMO_DIR)/resnet18.tcg

@@ -2154,6 +2154,32 @@ const RejectCase kRejectCases[] = {
                                "tensors[0]: unknown key 'weightless' in a file of version 1.2 "
                                "(version 1.3 added it)"};
      }},
+    {"CallInAFileOfVersion12",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["call"] = {{"names", {"x"}}, {"keywords", false}}; });
+       return Rejected{b,
+                       "f.tcg: byte 72: unknown key 'call' in a file of version 1.2 (version 1.5 added it)"};
+     }},
+    {"CallNamesThatDoNotFitTheInputSpec",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["call"] = {{"names", {"x", "y"}}, {"keywords", false}}; });
+       TcgFile::put_header(b, 10, 5, 2);
+       uint64_t at = TcgFile::parse(b).json.find("\"call\"") + kJson + 7;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) +
+                               ": 'call': 2 argument name(s) ('x', 'y') for the 1 positional argument(s) "
+                               "of the input spec (*,)"};
+     }},
+    {"CallWithKeywordsAndNoDictOfThem",
+     [] {
+       std::string b = with_json(valid(), [](Json& d) { d["call"] = {{"names", Json::array()}, {"keywords", true}}; });
+       TcgFile::put_header(b, 10, 5, 2);
+       uint64_t at = TcgFile::parse(b).json.find("\"call\"") + kJson + 7;
+       return Rejected{b,
+                       "f.tcg: byte " + std::to_string(at) +
+                               ": 'call': the call passes keyword arguments but the input spec (*,) "
+                               "does not end with a dict of them"};
+     }},
 };
 
 class RejectedFiles : public ::testing::TestWithParam<RejectCase> {};

@@ -3,6 +3,7 @@
 // the program it was captured from.
 #pragma once
 
+#include <torchcap/call_convention.h>
 #include <torchcap/graph.h>
 #include <torchcap/symbolic.h>
 #include <torchcap/tree_spec.h>
@@ -117,6 +118,9 @@ class GraphModule {
   // The structure of the program's arguments (a tuple of them) and result.
   TreeSpec in_spec;
   TreeSpec out_spec;
+  // The arguments' names, and whether the call passed some by keyword
+  // (call_convention.h); empty when the front end did not know them.
+  CallConvention call;
   // One per value the output node returns (see export.h): user outputs
   // first, which are the leaves of out_spec, then buffer and input
   // mutations. lint() checks there is one per output value.
@@ -141,7 +145,8 @@ class GraphModule {
   // Graph lint plus: every get_attr names an attribute; the number of
   // placeholders and output values match the specs; the output specs name
   // existing buffers and placeholders; symbols name dimensions of inputs, and
-  // size expressions use only the symbols there are.
+  // size expressions use only the symbols there are; the call convention
+  // describes in_spec.
   void lint() const;
 
   // A deep copy of the graph; tensors are shared, not copied.

@@ -103,6 +103,12 @@ class Interpreter {
   // node, its stack trace from the trace, and the original message.
   c10::IValue run(const std::vector<c10::IValue>& inputs) const;
 
+  // The same, called as the program was when captured: arguments by
+  // position, then by name (GraphModule::call; a module traced from Python
+  // as f(x, scale=s) runs as run({x}, {{"scale", s}})). A missing, unknown or
+  // repeated argument is an InputError naming it.
+  c10::IValue run(std::vector<c10::IValue> args, NamedValues kwargs) const;
+
   // The same, on the flat list of input tensors; returns the flat user
   // outputs. An exported graph's mutation outputs (export.h) are not
   // returned: they are written back into the buffers and inputs they update,

@@ -32,7 +32,7 @@ inline constexpr uint16_t kFormatMajorVersion = 1;
 // stacks, 1.3 weightless tensors (saved without their values), 1.4 dynamic
 // graphs (symbolic.h); files of every earlier version are still read. A
 // module with neither is written as version 1.2, which older readers read too.
-inline constexpr uint16_t kFormatMinorVersion = 4;
+inline constexpr uint16_t kFormatMinorVersion = 5;
 
 struct LoadOptions {
   // Check the CRC-32 checksums a file of version 1.1 or later carries: of its

@@ -24,6 +24,9 @@ struct GraphSummary {
   // their values would take once bound.
   size_t weightless = 0;
   size_t weightless_bytes = 0;
+  // How the program is called, "forward(x, *, scale)"; empty when the
+  // module does not know (call_convention.h).
+  std::string call;
   std::vector<std::string> input_types;   // "f32[1, 3, 224, 224]" per placeholder
   std::vector<std::string> output_types;  // per output value
   // A dynamic graph's symbols: "s0 (batch) in [1, 64]" (symbolic.h).

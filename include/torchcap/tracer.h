@@ -100,6 +100,12 @@ struct TraceOptions {
   // a view of one, as trace() does, while writes of in-place operators to
   // inputs are exported. Upstream's dispatch_trace treats inputs this way.
   bool refuse_out_into_inputs = false;
+  // The program's argument names and whether the last input is a dict of
+  // keyword arguments (call_convention.h; front ends that know the
+  // signature set it). Placeholders are named after the arguments (`x`,
+  // `xs_0`, `scale`) instead of ph_0, ph_1..., and the GraphModule keeps it.
+  // It must describe the inputs (TypeError otherwise).
+  CallConvention call;
   // Input dimensions the graph takes at any size in their range (symbolic.h).
   // The program is traced more than once, at other sizes of those
   // dimensions made from the example inputs (each extra trace in meta mode

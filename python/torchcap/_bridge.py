@@ -11,12 +11,14 @@ import copy
 
 import torch
 import torch.nn
+import torch.utils._pytree as pytree
 from torch.fx.graph_module import _WrappedCall
 
 from torchcap._errors import Error
-from torchcap._codegen import TorchcapCodeGen, _KeywordCodeGen, _Spec, _spec_unflatten
-from torchcap._runtime import (_ANY_TENSOR, _FIRST_USE_LOCK, _CheckedCall,
-                               _check_loaded_inputs, _cyclic_gc_paused, _file_input_meta,
+from torchcap._codegen import (TorchcapCodeGen, _KeywordCodeGen, _Spec, _set_output_val,
+                               _spec_unflatten)
+from torchcap._runtime import (_ANY_TENSOR, _FIRST_USE_LOCK, _CheckedCall, _call_structure,
+                               _cyclic_gc_paused, _file_input_meta,
                                _forward_after_generating_code, _generated_code,
                                _refuse_pickling, _refuse_unbound_weights, _runs_cpp_graph,
                                _set_generated_code, _set_graph_generating_code_later)
@@ -76,12 +78,13 @@ def _fx_graph(graph, keywords, direct=True):
         output = next(iter(reversed(fx_graph.nodes)))
         written = [placeholders[t] for k, t in mutations if k == "input_mutation"]
         output.args = ((list(output.args[0]), written),)
-    codegen = TorchcapCodeGen(in_spec, out_spec, mutations, placeholders)
+    _set_output_val(fx_graph, mutations)
+    codegen = TorchcapCodeGen(in_spec, out_spec, mutations, placeholders, graph.call_names())
     fx_graph.set_codegen(_KeywordCodeGen(codegen, keywords) if keywords else codegen)
     return fx_graph
 
 
-def _to_fx(graph, kwargs, checked=True):
+def _to_fx(graph, checked=True):
     """A torch.fx.GraphModule of a torchcap._C.GraphModule, sharing its tensors.
     checked: calls are checked against the traced arguments' structure
     (_CheckedCall; in_spec is set on the module afterwards).
@@ -90,7 +93,8 @@ def _to_fx(graph, kwargs, checked=True):
     use]) and its forward() generated and compiled when first needed after
     that (Note [Code generated on first use] in _runtime.py).
     """
-    keywords = list(kwargs.keys())
+    # Note [Calling convention] in src/graph/call_convention.cpp
+    keywords = graph.call_keywords()
     gm = _new_traced_module(checked, lambda: _fx_graph(graph, keywords))
     # The traced tensors become the module's attributes when first needed
     # (Note [Attributes attached on first use]).
@@ -343,8 +347,7 @@ def _after_making_code(method):
 # graph was edited since the trace has no C++ graph of its code, and the
 # torch.fx way would be wrong: refused (_refuse_pickling).
 _KEPT_WHEN_PICKLED = ("in_spec", "out_spec", "_torchcap_call_structure", "training",
-                      "training_signature", "_torchcap_named_result", "_torchcap_inputs",
-                      "_torchcap_file_inputs")
+                      "training_signature", "_torchcap_named_result", "_torchcap_inputs")
 
 
 def _reduce_traced(self):
@@ -354,7 +357,7 @@ def _reduce_traced(self):
     tensors = _current_tensors(self)
     checked = isinstance(type(self)._wrapped_call, _CheckedCall)
     kept = {k: self.__dict__[k] for k in _KEPT_WHEN_PICKLED if k in self.__dict__}
-    return _unpickle_traced, (graph, tensors, self._torchcap_keywords, checked, kept)
+    return _unpickle_traced, (graph, tensors, checked, kept)
 
 
 def _deepcopy_traced(fx_deepcopy):
@@ -369,33 +372,51 @@ def _deepcopy_traced(fx_deepcopy):
     return deepcopy
 
 
-def _unpickle_traced(graph, tensors, keywords, checked, kept):
-    gm = _to_fx(graph.with_attributes(tensors), dict.fromkeys(keywords), checked)
+def _unpickle_traced(graph, tensors, checked, kept):
+    gm = _to_fx(graph.with_attributes(tensors), checked)
     gm.__dict__.update(kept)
-    if kept.get("_torchcap_file_inputs"):
-        _check_inputs_as_a_file_says(gm, graph)
     return gm
 
 
 def _to_fx_of_file(graph):
     """The torch.fx module of a C++ module read from a file (Note [One bridge
-    to torch.fx] in _load.py): as a trace's, with each call's inputs held to
-    the placeholders' recorded metadata (Note [Inputs of the traced shapes]
-    in _runtime.py), the file's own argument structure checked by its code."""
-    gm = _to_fx(graph, {}, checked=False)
-    gm.__dict__["_torchcap_inputs"] = [
-        _ANY_TENSOR if meta is None else _file_input_meta(*meta, written)
-        for meta, written in zip(graph.placeholder_metas(), graph.written_inputs())]
-    gm.__dict__["_torchcap_file_inputs"] = True
-    _check_inputs_as_a_file_says(gm, graph)
+    to torch.fx] in _load.py): as a trace's, each call checked against the
+    argument structure the file records (its input spec and calling
+    convention: Note [Calling convention] in src/graph/call_convention.cpp)
+    and its inputs against the placeholders' recorded metadata (Note
+    [Inputs of the traced shapes] in _runtime.py), keyword arguments
+    included."""
+    gm = _to_fx(graph, checked=True)
+    in_spec = graph.fx_specs(_Spec)[0]
+    args, kwargs, tensor_leaves = _example_call(in_spec, graph.call_keywords())
+    metas = iter(_ANY_TENSOR if meta is None else _file_input_meta(*meta, written)
+                 for meta, written in zip(graph.placeholder_metas(), graph.written_inputs()))
+    gm.__dict__.update(
+        in_spec=pytree.tree_flatten((args, kwargs))[1],
+        _torchcap_call_structure=_call_structure(args, kwargs),
+        _torchcap_inputs=tuple(next(metas) if tensor else None for tensor in tensor_leaves))
     return gm
 
 
-def _check_inputs_as_a_file_says(gm, graph):
-    # The input spec, for the check made before the graph is (there is none
-    # to read it from until then), set before any thread can call the module.
-    gm.__dict__["_torchcap_in_spec"] = graph.fx_specs(_Spec)[0]
-    gm.register_forward_pre_hook(_check_loaded_inputs)
+def _example_call(in_spec, keywords):
+    """(args, kwargs) structured as a file's input spec says a call passes
+    them (an empty tensor per tensor; constants and None as recorded), and
+    for each of their pytree leaves, in order, whether it is a tensor."""
+    def build(spec):
+        if spec.kind == "leaf":
+            return torch.empty(0)
+        if spec.kind == "none":
+            return None
+        if spec.kind == "constant":
+            return spec.value
+        children = [build(c) for c in spec.children]
+        if spec.kind == "dict":
+            return dict(zip(spec.keys, children))
+        return tuple(children) if spec.kind == "tuple" else children
+    top = [build(c) for c in in_spec.children] if in_spec.kind == "tuple" else [build(in_spec)]
+    args, kwargs = (tuple(top[:-1]), top[-1]) if keywords else (tuple(top), {})
+    leaves = pytree.tree_flatten((args, kwargs))[0]
+    return args, kwargs, [isinstance(v, torch.Tensor) for v in leaves]
 
 
 def _as_traced(gm):
@@ -458,7 +479,7 @@ def _cpp_forward(gm):
     in_spec, out_spec, mutations = graph.fx_specs(_Spec)
     names = graph.placeholder_names()
     keywords = gm.__dict__.get("_torchcap_keywords", ())
-    codegen = TorchcapCodeGen(in_spec, out_spec, mutations)
+    codegen = TorchcapCodeGen(in_spec, out_spec, mutations, names=graph.call_names())
     if keywords:
         codegen = _KeywordCodeGen(codegen, keywords)
     head = codegen.gen_fn_def(["self"] + names, "")

@@ -27,6 +27,18 @@ class _Spec:
         self.num_leaves = 1 if kind == "leaf" else sum(c.num_leaves for c in self.children)
 
 
+def _set_output_val(graph, mutations):
+    """The output node's meta["val"], as every other node has one: the values
+    it returns (user outputs, then the new values of written buffers and
+    inputs), each its node's meta["val"], None for a None result."""
+    output = next(iter(reversed(graph.nodes)))
+    results = output.args[0]
+    if mutations:  # ((results, written inputs),): Note in _fx_graph
+        results = results[0]
+    output.meta["val"] = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                          for a in results]
+
+
 def _spec_leaf_paths(spec, root):
     """(spec, access expression) of every leaf below `spec`, in order, without recursion."""
     out = []
@@ -99,10 +111,15 @@ class TorchcapCodeGen(CodeGen):
     and ignored. The return statement rebuilds the output spec's structure.
     """
 
-    def __init__(self, in_spec, out_spec, mutations=(), placeholders=None):
+    def __init__(self, in_spec, out_spec, mutations=(), placeholders=None, names=()):
         super().__init__()
         self.in_spec = in_spec
         self.out_spec = out_spec
+        # The positional arguments' names (Note [Calling convention] in
+        # src/graph/call_convention.cpp); a nested argument's parameter takes
+        # its name, a tensor's is its placeholder (named after it by the
+        # trace). Empty when unknown: arg<i>.
+        self.names = list(names)
         # (kind, target) of the output values after the user outputs: the new
         # values of buffers and inputs the program wrote (the signature).
         self.mutations = list(mutations)
@@ -151,8 +168,8 @@ class TorchcapCodeGen(CodeGen):
                 params.append(placeholders[next_leaf])
                 next_leaf += 1
                 continue
-            param = f"arg{i}"
-            while param in taken:
+            param = self.names[i] if i < len(self.names) else f"arg{i}"
+            while param in taken or param in _fx_illegal_names():
                 param += "_"
             taken.add(param)
             params.append(param)
@@ -415,7 +432,7 @@ class _KeywordCodeGen(TorchcapCodeGen):
     """
 
     def __init__(self, base, keywords):
-        super().__init__(base.in_spec, base.out_spec, base.mutations, base.placeholders)
+        super().__init__(base.in_spec, base.out_spec, base.mutations, base.placeholders, base.names)
         self.keywords = list(keywords)
 
     def gen_fn_def(self, free_vars, maybe_return_annotation):

@@ -7,7 +7,7 @@ TABLES = json.loads(r"""
 {
  "version": {
   "major": 1,
-  "minor": 4
+  "minor": 5
  },
  "header": {
   "magic": [
@@ -190,7 +190,8 @@ TABLES = json.loads(r"""
    "in_spec": 0,
    "out_spec": 0,
    "signature": 0,
-   "symbols": 4
+   "symbols": 4,
+   "call": 5
   },
   "node": {
    "name": 0,
@@ -270,6 +271,10 @@ TABLES = json.loads(r"""
    "min": 4,
    "max": 4,
    "dims": 4
+  },
+  "call": {
+   "names": 5,
+   "keywords": 5
   }
  },
  "reserved_node_names": [

@@ -42,7 +42,7 @@ from torchcap._tcg_file import (_ALIGNMENT, _DTYPES, _HEADER_SIZE, _INT64_MAX, _
                                 _LAYOUTS, _MEMORY_FORMATS, _NODE_NAME, _RESERVED_NODE_NAMES,
                                 _STORABLE_DTYPES,
                                 _is_int, _json_type, _Lazy, _TcgFile)
-from torchcap._codegen import TorchcapCodeGen, _Spec
+from torchcap._codegen import TorchcapCodeGen, _KeywordCodeGen, _Spec, _set_output_val
 from torchcap._runtime import (_ANY_TENSOR, _check_loaded_inputs, _cyclic_gc_paused,
                                _file_input_meta, _refuse_unbound_weights,
                                _set_graph_generating_code_later)
@@ -574,6 +574,44 @@ class _Reader(_TcgFile):
                                         f"there are {len(outputs)} output specs")
         return mutations
 
+    def call(self, in_spec):
+        """(positional argument names, keyword argument names) from the
+        optional `call` (Note [Calling convention] in
+        src/graph/call_convention.cpp), checked against the input spec as
+        CallConvention::mismatch checks it."""
+        if "call" not in self.doc:
+            return [], []
+        label = "'call': "
+        at = lambda: self.top_offset("call")  # noqa: E731
+        call = self.expect(self.doc["call"], "object", at, label)
+        self.check_keys(call, "call", at, label)
+        names = self.expect(self.member(call, "names", at, label), "array", at, label + "names: ")
+        keywords = self.member(call, "keywords", at, label)
+        if not isinstance(keywords, bool):
+            self.fail(at, f"{label}keywords: expected a boolean, got {_json_type(keywords)}")
+        if in_spec.kind != "tuple":
+            self.fail(at, f"{label}the input spec is not a tuple of arguments")
+        top = in_spec.children
+        keyword_names = []
+        if keywords:
+            if not top or top[-1].kind != "dict":
+                self.fail(at, f"{label}the call passes keyword arguments but the input spec "
+                              f"does not end with a dict of them")
+            keyword_names = list(top[-1].keys)
+            if not all(isinstance(k, str) for k in keyword_names):
+                self.fail(at, f"{label}keyword argument names must be strings")
+        if names:
+            positional = len(top) - (1 if keywords else 0)
+            if len(names) != positional:
+                self.fail(at, f"{label}{len(names)} argument name(s) for the {positional} "
+                              f"positional argument(s) of the input spec")
+            for i, n in enumerate(names):
+                if not isinstance(n, str) or not n.isidentifier() or not n.isascii():
+                    self.fail(at, f"{label}names[{i}]: argument name {n!r} is not an identifier")
+            if len(set(names)) != len(names):
+                self.fail(at, f"{label}an argument name appears twice")
+        return names, keyword_names
+
     # --- The module -----------------------------------------------------------
 
     def read(self, weights=None, strict=True):
@@ -593,6 +631,7 @@ class _Reader(_TcgFile):
         out_spec = self.spec(self.top("out_spec"), lambda: self.top_offset("out_spec"),
                              "'out_spec': ")
         mutations = self.signature()
+        argument_names, keywords = self.call(in_spec)
         self.check_results()
 
         placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
@@ -610,6 +649,7 @@ class _Reader(_TcgFile):
             # generated code keeps them bound until the writes at the end.
             written = [self.env[t] for k, t in mutations if k == "input_mutation"]
             self.output.args = ((list(results), written),)
+        _set_output_val(self.graph, mutations)
 
         attributes = self.attributes
         if weights is not None:
@@ -633,9 +673,11 @@ class _Reader(_TcgFile):
             if node.op == "get_attr" and node.target not in names:
                 self.fail(self.json_offset, f"get_attr %{node.name} reads attribute "
                                             f"'{node.target}', which the file does not have")
-        self.graph.set_codegen(TorchcapCodeGen(
+        codegen = TorchcapCodeGen(
             in_spec, out_spec, mutations,
-            {name: node.name for name, node in self.env.items() if node.op == "placeholder"}))
+            {name: node.name for name, node in self.env.items() if node.op == "placeholder"},
+            argument_names)
+        self.graph.set_codegen(_KeywordCodeGen(codegen, keywords) if keywords else codegen)
         _set_graph_generating_code_later(gm, self.graph)
         gm._torchcap_attributes = [(name, kind) for name, kind, _ in attributes]
         if any(t is not None and t.is_meta for _, _, t in attributes):
@@ -647,6 +689,7 @@ class _Reader(_TcgFile):
                              node.meta["tensor_meta"].stride, node.name in written)
             if isinstance(node.meta.get("tensor_meta"), _TensorMetadata) else _ANY_TENSOR
             for node in self.graph.nodes if node.op == "placeholder"]
+        gm._torchcap_keywords = keywords
         gm.register_forward_pre_hook(_check_loaded_inputs)
         return gm
 

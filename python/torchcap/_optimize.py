@@ -29,7 +29,7 @@ def optimize_for_inference(gm: GraphModule) -> GraphModule:
     if getattr(gm, "_torchcap_graph", None) is None or not _as_traced(gm):
         raise TypeError("optimize_for_inference takes a module made by torchcap.trace, torchcap.export "
                         f"or torchcap.load (with its graph as made), not {type(gm).__name__}")
-    make, (graph, tensors, keywords, checked, kept) = _reduce_traced(gm)
+    make, (graph, tensors, checked, kept) = _reduce_traced(gm)
     optimized = graph.with_attributes(tensors).optimized_for_inference()
     tensors = [(name, t) for name, _, t in optimized.attributes()]
-    return make(optimized, tensors, keywords, checked, kept)
+    return make(optimized, tensors, checked, kept)

@@ -270,6 +270,26 @@ def _placeholder_names(gm):
     return [n.name for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _loaded_input_labels(gm, in_spec):
+    """"c, args[1]['k']": each input's placeholder and where a call passes it,
+    for a module of the pure-Python loader (in_spec: the file's), as
+    _traced_input_labels says it for the others."""
+    keywords = gm.__dict__.get("_torchcap_keywords", False)
+    top = in_spec.children if in_spec.kind == "tuple" else [in_spec]
+    paths = []
+
+    def walk(spec, path):
+        if spec.kind == "leaf":
+            paths.append(path)
+        elif spec.kind in ("tuple", "list", "dict"):
+            keys = spec.keys if spec.kind == "dict" else range(len(spec.children))
+            for key, child in zip(keys, spec.children):
+                walk(child, f"{path}[{key!r}]")
+    for i, child in enumerate(top):
+        walk(child, "kwargs" if keywords and i == len(top) - 1 else f"args[{i}]")
+    return [f"{n}, {p}" for n, p in zip(_placeholder_names(gm), paths)]
+
+
 def _file_input_meta(dtype, shape, stride, written, device=None):
     """The _InputMeta of a placeholder from its recorded metadata (no
     device, unless given). A dynamic size is None, and so are its strides."""
@@ -301,7 +321,8 @@ def _check_loaded_inputs(gm, args):
         leaves = _spec_flatten(in_spec, tuple(args) if in_spec.kind == "tuple" else args[0])
     except (IndexError, KeyError, TypeError):
         return None
-    relaid = _check_inputs(gm._torchcap_inputs, leaves, _placeholder_names, gm)
+    relaid = _check_inputs(gm._torchcap_inputs, leaves,
+                           lambda gm: _loaded_input_labels(gm, in_spec), gm)
     if relaid is None:
         return None
     value = _spec_unflatten(in_spec, list(relaid))

@@ -11,6 +11,7 @@ torch.fx.GraphModule, with torchcap.load's code generator, whose attributes
 are the module's own parameters and buffers.
 """
 
+import inspect
 import operator
 import os
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
@@ -186,6 +187,30 @@ def _module_of(f):
     return owner if isinstance(owner, torch.nn.Module) else None
 
 
+def _argument_names(f, count):
+    """The names of f's first `count` positional parameters, which name the
+    graph's placeholders and its forward's parameters (Note [Calling
+    convention] in src/graph/call_convention.cpp): those of a module's
+    forward, `*inputs` as inputs_0, inputs_1, ...; [] when f's signature
+    cannot be read or does not take `count` arguments by position."""
+    target = f.forward if isinstance(f, torch.nn.Module) else f
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # builtins, some C extensions
+        return []
+    names = []
+    for p in parameters:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL:
+            names += [f"{p.name}_{i}" for i in range(max(count - len(names), 0))]
+            break
+    names = names[:count]
+    if len(names) != count or len(set(names)) != count:
+        return []
+    return names
+
+
 def _check_args(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(args, list):
         args = tuple(args)
@@ -239,7 +264,8 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
             graph = _C.trace(call, parameters, buffers, args, kwargs, export, inference, preserve,
                              allow_input_mutation, allow_data_dependent_values,
                              record_stack_traces, _INTERNAL_DIRS, modules, meta=meta,
-                             refuse_out_into_inputs=refuse_out_into_inputs, dynamic=dynamic)
+                             refuse_out_into_inputs=refuse_out_into_inputs, dynamic=dynamic,
+                             argument_names=_argument_names(f, len(args)))
         except Error as e:  # from torchcap._C: the C++ option names, as Python spells them
             message = _python_message(str(e))
             if message == str(e):
@@ -252,7 +278,7 @@ def _capture(f, args, kwargs, export, inference, preserve, allow_input_mutation,
             raise error.with_traceback(e.__traceback__) from None
         if passes:
             graph = graph.with_passes(list(passes))
-        gm = _to_fx(graph, kwargs)
+        gm = _to_fx(graph)
     # Plain attributes, set in the instance's __dict__ as nn.Module would set
     # them; its __setattr__ would attach the attributes first (Note
     # [Attributes attached on first use]).

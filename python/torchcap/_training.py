@@ -153,7 +153,7 @@ def export_training(module: torch.nn.Module, loss_fn: Callable[..., torch.Tensor
     graph = graph.with_attributes([
         (name, torch.nn.Parameter(t.detach(), requires_grad=False))
         for name, kind, t in graph.attributes() if kind == "parameter"])
-    step = _to_fx(graph, {}, checked=True)
+    step = _to_fx(graph, checked=True)
     # Note [Inputs of the traced shapes] in _runtime.py: each step's inputs are
     # checked (a plain attribute, as _capture sets it).
     if graph.is_dynamic():

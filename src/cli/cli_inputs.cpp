@@ -376,4 +376,121 @@ std::vector<at::Tensor> random_inputs_for(const GraphModule& gm) {
   return out;
 }
 
+namespace {
+
+// The placeholders' recorded dtype, or float32.
+c10::ScalarType dtype_of(const Node* placeholder) {
+  const ValueMeta& v = placeholder->meta().val;
+  return v.kind == ValueKind::Tensor && !v.tensors.empty() ? v.tensors[0].dtype : c10::kFloat;
+}
+
+// NAME when `spec` is NAME=VALUE with NAME an identifier, else "".
+std::string name_in(const std::string& spec) {
+  size_t eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0) return "";
+  std::string name = spec.substr(0, eq);
+  bool identifier = !(name[0] >= '0' && name[0] <= '9') &&
+                    std::all_of(name.begin(), name.end(), [](char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)); });
+  return identifier ? name : "";
+}
+
+}  // namespace
+
+std::vector<at::Tensor> run_inputs_for(const GraphModule& gm, const std::vector<std::string>& specs) {
+  const std::vector<Node*> placeholders = gm.graph().placeholders();
+  // Each argument's placeholders: a range of leaves of in_spec.
+  struct Range {
+    std::string name, what;
+    size_t first, count;
+    const TreeSpec* spec;
+  };
+  std::vector<Range> arguments;
+  if (gm.in_spec.kind() == TreeSpec::Kind::Tuple) {
+    const auto& top = gm.in_spec.children();
+    size_t positional = top.size() - (gm.call.keywords ? 1 : 0), leaf = 0;
+    for (size_t i = 0; i < positional; ++i) {
+      if (i < gm.call.names.size()) arguments.push_back({gm.call.names[i], "argument", leaf, top[i].num_leaves(), &top[i]});
+      leaf += top[i].num_leaves();
+    }
+    if (gm.call.keywords) {
+      const TreeSpec& dict = top.back();
+      for (size_t k = 0; k < dict.children().size(); ++k) {
+        arguments.push_back({dict.keys()[k].toStringRef(), "keyword argument", leaf, dict.children()[k].num_leaves(),
+                             &dict.children()[k]});
+        leaf += dict.children()[k].num_leaves();
+      }
+    }
+  }
+  std::vector<at::Tensor> out(placeholders.size());
+  std::vector<std::string> given_as(placeholders.size());
+  auto known_names = [&] {
+    std::string list;
+    for (const Node* p : placeholders) list += (list.empty() ? "" : ", ") + p->name();
+    for (const Range& a : arguments) {
+      bool same = a.count == 1 && placeholders[a.first]->name() == a.name;
+      if (!same) list += ", " + a.name;
+    }
+    return list.empty() ? std::string("none") : list;
+  };
+  auto set = [&](size_t i, at::Tensor t, const std::string& how) {
+    if (!given_as[i].empty()) {
+      throw Error("input " + std::to_string(i) + " (" + placeholders[i]->name() + ") is given twice: as " +
+                  given_as[i] + " and as " + how);
+    }
+    out[i] = std::move(t);
+    given_as[i] = how;
+  };
+  size_t next = 0;
+  for (const std::string& spec : specs) {
+    std::string name = name_in(spec);
+    const Node* by_name = nullptr;
+    const Range* argument = nullptr;
+    if (!name.empty()) {
+      for (const Node* p : placeholders) by_name = p->name() == name ? p : by_name;
+      for (const Range& a : arguments) argument = a.name == name ? &a : argument;
+      if (by_name == nullptr && argument == nullptr) {
+        // A path holding '=' is a file, not a name.
+        if (!std::ifstream(spec).good()) {
+          throw Error("--input " + spec + ": the graph has no input or argument '" + name +
+                      "' (it has " + known_names() + ")");
+        }
+        name.clear();
+      }
+    }
+    if (name.empty()) {
+      while (next < out.size() && !given_as[next].empty()) ++next;
+      if (next == out.size()) {
+        throw Error("--input " + spec + ": the graph takes " + std::to_string(out.size()) + " input(s) (" +
+                    known_names() + "), all given already");
+      }
+      set(next, parse_input(spec, false, dtype_of(placeholders[next])), "--input " + spec);
+      continue;
+    }
+    const std::string value = spec.substr(name.size() + 1);
+    if (by_name != nullptr) {
+      size_t i = std::find(placeholders.begin(), placeholders.end(), by_name) - placeholders.begin();
+      set(i, parse_input(value, false, dtype_of(by_name)), "--input " + spec);
+      continue;
+    }
+    if (argument->count == 1 && argument->spec->kind() == TreeSpec::Kind::Leaf) {
+      set(argument->first, parse_input(value, false, dtype_of(placeholders[argument->first])), "--input " + spec);
+      continue;
+    }
+    // A structure: a torch.save'd file of it, flattened as the argument is.
+    std::vector<c10::IValue> leaves = argument->spec->flatten_like(load_value_file(value), name);
+    for (size_t k = 0; k < leaves.size(); ++k) {
+      set(argument->first + k, leaves[k].toTensor(), "--input " + spec);
+    }
+  }
+  std::string missing;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (given_as[i].empty()) missing += (missing.empty() ? "" : ", ") + placeholders[i]->name();
+  }
+  if (!missing.empty()) {
+    throw Error("the graph takes " + std::to_string(out.size()) + " input(s); no --input gives " + missing +
+                " (give them in order, or by name as NAME=VALUE)");
+  }
+  return out;
+}
+
 }  // namespace torchcap::cli

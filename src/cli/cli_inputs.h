@@ -32,6 +32,14 @@ DynamicDim parse_dynamic(const std::string& spec);
 // Random inputs shaped like the graph's placeholders.
 std::vector<at::Tensor> random_inputs_for(const GraphModule& gm);
 
+// `run`'s inputs, one per placeholder, from its `--input` values: in order,
+// or by name as NAME=VALUE, NAME a placeholder's (`x`, `xs_0`) or an
+// argument's (positional or keyword: `scale`). An argument holding a
+// structure takes a torch.save'd file of it. A shape without a dtype takes
+// its placeholder's. Errors name the input that is missing, unknown or given
+// twice, and list the names there are.
+std::vector<at::Tensor> run_inputs_for(const GraphModule& gm, const std::vector<std::string>& specs);
+
 // A tensor from a file written by torch.save (Python) or torchcap.
 at::Tensor load_tensor_file(const std::string& path);
 

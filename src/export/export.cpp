@@ -233,6 +233,7 @@ GraphModule functionalize(const GraphModule& gm, const std::vector<c10::IValue>&
   GraphModule result = std::move(st.module());
   result.in_spec = gm.in_spec;
   result.out_spec = gm.out_spec;
+  result.call = gm.call;
   result.output_specs = std::move(specs);
   eliminate_dead_code(result.graph());
   result.remove_unused_attributes();

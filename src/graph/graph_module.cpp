@@ -361,6 +361,9 @@ void GraphModule::lint() const {
     }
   }
   lint_symbols(symbols, inputs);
+  if (std::string problem = call.mismatch(in_spec); !problem.empty()) {
+    throw LintError("lint: the call convention does not match: " + problem);
+  }
   if (placeholders != in_spec.num_leaves()) {
     throw LintError("lint: the graph has " + std::to_string(placeholders) +
                     " placeholders but the input spec " + in_spec.str() + " has " +
@@ -416,6 +419,7 @@ GraphModule GraphModule::clone() const {
   gm.attribute_index_ = index_of(gm.attributes_);
   gm.in_spec = in_spec;
   gm.out_spec = out_spec;
+  gm.call = call;
   gm.output_specs = output_specs;
   gm.symbols = symbols;
   return gm;
@@ -428,6 +432,7 @@ std::string GraphModule::str(bool with_source) const {
            (a.value.defined() ? TensorMeta::of(a.value).str() : std::string("undefined")) + "\n";
   }
   out += "# inputs: " + in_spec.str() + "\n# outputs: " + out_spec.str() + "\n";
+  if (!call.empty()) out += "# call: forward" + call.str(in_spec) + "\n";
   out += symbols_str(symbols);
   if (has_mutation_outputs()) {
     const ArgumentList& results = graph_->output_node()->args()[0].to_list();

@@ -27,6 +27,7 @@ std::string human_bytes(size_t b) {
 
 GraphSummary summarize(const GraphModule& gm) {
   GraphSummary s;
+  if (!gm.call.empty()) s.call = "forward" + gm.call.str(gm.in_spec);
   for (const Node* n : gm.graph()) {
     ++s.nodes;
     switch (n->op()) {
@@ -90,6 +91,7 @@ std::string format_summary(const GraphSummary& s) {
     for (const std::string& t : v) j += (j.empty() ? "" : ", ") + t;
     return j;
   };
+  if (!s.call.empty()) out += "call: " + s.call + "\n";
   out += "inputs: " + join(s.input_types) + "\n";
   out += "outputs: " + join(s.output_types) + "\n";
   if (!s.symbols.empty()) out += "dynamic sizes: " + join(s.symbols) + "\n";

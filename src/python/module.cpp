@@ -280,6 +280,8 @@ struct TraceRequest {
   py::list modules;
   bool refuse_out_into_inputs = false;  // TraceOptions::refuse_out_into_inputs
   DynamicDims dynamic;
+  // The positional arguments' names (TraceOptions::call), or none.
+  std::vector<std::string> argument_names;
 };
 
 std::unique_ptr<GraphModule> run(TraceRequest& r) {
@@ -307,6 +309,8 @@ std::unique_ptr<GraphModule> run(TraceRequest& r) {
   options.meta = r.meta;
   options.refuse_out_into_inputs = r.refuse_out_into_inputs;
   options.dynamic = dynamic_dims(r.dynamic);
+  options.call.names = std::move(r.argument_names);
+  options.call.keywords = has_kwargs;
   if (r.record_stack_traces) {
     options.locate_source = [&source](NodeMeta& meta) { source.locate(meta); };
   }
@@ -639,7 +643,7 @@ PYBIND11_MODULE(_C, m) {
          bool allow_input_mutation, bool allow_data_dependent_values, bool record_stack_traces,
          std::vector<std::string> internal_dirs,
          py::list modules, bool meta, bool refuse_out_into_inputs,
-         DynamicDims dynamic) {
+         DynamicDims dynamic, std::vector<std::string> argument_names) {
         TraceRequest r{std::move(fn),          std::move(parameters),
                        std::move(buffers),     std::move(args),
                        std::move(kwargs),      export_program,
@@ -647,7 +651,8 @@ PYBIND11_MODULE(_C, m) {
                        allow_input_mutation,   allow_data_dependent_values,
                        record_stack_traces,    meta,
                        std::move(internal_dirs), std::move(modules),
-                       refuse_out_into_inputs, std::move(dynamic)};
+                       refuse_out_into_inputs, std::move(dynamic),
+                       std::move(argument_names)};
         return run(r);
       },
       py::arg("fn"), py::arg("parameters"), py::arg("buffers"), py::arg("args"), py::arg("kwargs"),
@@ -655,7 +660,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("allow_input_mutation"), py::arg("allow_data_dependent_values"),
       py::arg("record_stack_traces"), py::arg("internal_dirs"), py::arg("modules") = py::list(),
       py::arg("meta") = false, py::arg("refuse_out_into_inputs") = false,
-      py::arg("dynamic") = DynamicDims());
+      py::arg("dynamic") = DynamicDims(),
+      py::arg("argument_names") = std::vector<std::string>());
 
   m.def(
       "export_training",

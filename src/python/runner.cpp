@@ -188,7 +188,11 @@ void register_runner_bindings(py::module_& m, py::class_<GraphModule>& graph_mod
           if (n->op() == OpCode::Placeholder) names.push_back(n->name());
         }
         return names;
-      });
+      })
+      // The calling convention (call_convention.h): the positional
+      // arguments' names (empty when unknown) and the keyword arguments'.
+      .def("call_names", [](const GraphModule& gm) { return gm.call.names; })
+      .def("call_keywords", [](const GraphModule& gm) { return gm.call.keyword_names(gm.in_spec); });
 }
 
 }  // namespace torchcap::python

@@ -429,6 +429,7 @@ std::unique_ptr<detail::InterpreterPlan> plan_for(const GraphModule& gm, const I
   gm.lint();
   auto plan = std::make_unique<detail::InterpreterPlan>();
   plan->in_spec = gm.in_spec;
+  plan->call = gm.call;
   plan->out_spec = gm.out_spec;
   plan->num_user_outputs = gm.num_user_outputs();
   for (const Node* n : gm.graph().placeholders()) {
@@ -527,6 +528,10 @@ std::vector<at::Tensor> Interpreter::flatten_inputs(const std::vector<c10::IValu
 
 c10::IValue Interpreter::run(const std::vector<c10::IValue>& inputs) const {
   return run_with_stats(inputs).outputs;
+}
+
+c10::IValue Interpreter::run(std::vector<c10::IValue> args, NamedValues kwargs) const {
+  return run(plan_->call.bind(plan_->in_spec, std::move(args), std::move(kwargs)));
 }
 
 Interpreter::Result Interpreter::run_with_stats(const std::vector<c10::IValue>& inputs) const {

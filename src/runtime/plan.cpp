@@ -60,6 +60,7 @@ class PlanBuilder : public GraphEvaluator<PlanValue> {
       plan_->memory = std::make_unique<PlannedMemory>(plan_memory(gm_.graph()));
     }
     plan_->in_spec = gm_.in_spec;
+    plan_->call = gm_.call;
     plan_->out_spec = gm_.out_spec;
     for (const PlanValue& v : run()) plan_->outputs.push_back(slot_of(v, nullptr));
     plan_->num_user_outputs = gm_.num_user_outputs();

@@ -129,6 +129,7 @@ struct InterpreterPlan {
   int32_t num_values = 0;
   size_t max_args = 0;  // the most arguments of any instruction
   TreeSpec in_spec;
+  CallConvention call;
   TreeSpec out_spec;
   std::unique_ptr<PlannedMemory> memory;  // planned interpreters only
   bool autograd = false;                  // InterpreterOptions::autograd

@@ -87,7 +87,7 @@ using Keys = std::initializer_list<Key>;
 namespace keys {
 inline constexpr Keys kDocument = {{"module_stacks", 2}, {"nodes", 0},    {"attributes", 0},
                                    {"tensors", 0},       {"in_spec", 0},  {"out_spec", 0},
-                                   {"signature", 0},     {"symbols", 4}};
+                                   {"signature", 0},     {"symbols", 4},   {"call", 5}};
 inline constexpr Keys kNode = {{"name", 0}, {"op", 0},     {"target", 0},
                                {"args", 0}, {"kwargs", 0}, {"meta", 0}};
 inline constexpr Keys kMeta = {{"val", 0}, {"stack_trace", 0}, {"module_stack", 2}};
@@ -102,6 +102,7 @@ inline constexpr Keys kTensor = {{"name", 0},   {"dtype", 0},  {"sizes", 0}, {"s
 inline constexpr Keys kAttribute = {{"name", 0}, {"kind", 0}, {"tensor", 0}};
 inline constexpr Keys kSignature = {{"outputs", 0}};
 inline constexpr Keys kOutput = {{"kind", 0}, {"target", 0}};
+inline constexpr Keys kCall = {{"names", 5}, {"keywords", 5}};
 // Tree specs: the keys depend on the kind.
 inline constexpr Keys kLeafSpec = {{"kind", 0}};
 inline constexpr Keys kConstantSpec = {{"kind", 0}, {"value", 0}};
@@ -117,7 +118,8 @@ inline constexpr std::pair<const char*, Keys> kAll[] = {
     {"attribute", kAttribute},   {"signature", kSignature},
     {"output", kOutput},         {"leaf_spec", kLeafSpec},
     {"constant_spec", kConstantSpec}, {"sequence_spec", kSequenceSpec},
-    {"dict_spec", kDictSpec},    {"symbol", kSymbol}};
+    {"dict_spec", kDictSpec},    {"symbol", kSymbol},
+    {"call", kCall}};
 }  // namespace keys
 
 // Whether `name` is one of `keys` in a file of version 1.`minor`.
@@ -150,6 +152,11 @@ inline constexpr uint16_t kWeightlessSince = 3;
 // call_function nodes whose target is a size computation (kSizeTargets).
 // The writer writes 1.4 only for dynamic graphs.
 inline constexpr uint16_t kDynamicSince = 4;
+// From version 1.5 the top-level `call` holds the calling convention
+// (call_convention.h): the positional arguments' names and whether the last
+// element of in_spec is a dict of keyword arguments. The writer writes 1.5
+// only for modules that know it (traced from Python or TorchScript).
+inline constexpr uint16_t kCallSince = 5;
 // The oldest version the writer writes: checksums and module stacks.
 inline constexpr uint16_t kOldestWrittenMinor = 2;
 

@@ -296,6 +296,11 @@ class Reader {
       // A file without a signature returns user outputs only.
       gm.output_specs.assign(out->args()[0].to_list().size(), OutputSpec{});
     }
+    if (top("call") != nullptr) {
+      Entry e = top_entry("call");
+      gm.call = detail::read_call(Field(c, e, top("call")));
+      if (std::string problem = gm.call.mismatch(gm.in_spec); !problem.empty()) e.fail("", problem);
+    }
     if (top("symbols") != nullptr) {
       Entry e = top_entry("symbols");
       gm.symbols = detail::read_symbols(Field(c, e, top("symbols")));

@@ -114,6 +114,17 @@ std::vector<OutputSpec> read_signature(const Field& sig) {
   return out;
 }
 
+// Whether the convention fits in_spec is GraphModule::lint's to check.
+CallConvention read_call(const Field& f) {
+  Object o = f.object();
+  o.check_keys(format::keys::kCall);
+  CallConvention call;
+  o.get("names").elements([&](const Field& name) { call.names.emplace_back(name.string()); });
+  call.keywords = o.get("keywords").boolean();
+  o.close();
+  return call;
+}
+
 // Note [Dynamic graphs in files] (format.h). Whether the dimensions exist
 // and expressions use only these symbols is GraphModule::lint's to check.
 std::vector<Symbol> read_symbols(const Field& f) {

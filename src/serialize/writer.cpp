@@ -461,6 +461,12 @@ class Writer {
       }
       doc["signature"] = Json{{"outputs", std::move(outputs)}};
     }
+    if (!gm_.call.empty()) {
+      header_.minor = std::max(header_.minor, format::kCallSince);
+      Json names = Json::array();
+      for (const std::string& n : gm_.call.names) names.push_back(checked_utf8(n, "an argument name"));
+      doc["call"] = Json{{"names", std::move(names)}, {"keywords", gm_.call.keywords}};
+    }
     if (gm_.is_dynamic()) {
       // Note [Dynamic graphs in files] (format.h)
       header_.minor = std::max(header_.minor, format::kDynamicSince);

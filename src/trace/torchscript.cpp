@@ -257,6 +257,13 @@ TraceResult trace_with_outputs(torch::jit::Module& module, const std::vector<c10
     auto locator = std::make_shared<TorchScriptLocator>(module);
     with_locations.locate_source = [locator](NodeMeta& meta) { (*locator)(meta); };
   }
+  if (with_locations.call.empty()) {
+    // forward's parameters name the inputs (Note [Calling convention]).
+    const auto& parameters = module.get_method("forward").function().getSchema().arguments();
+    for (size_t i = 1; i < parameters.size() && i <= inputs.size(); ++i) {
+      with_locations.call.names.push_back(parameters[i].name());
+    }
+  }
   return detail::run_trace(forward, inputs, with_locations, ModuleState::of(module));
 }
 

@@ -442,6 +442,10 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
 
   // Inputs: one immutable placeholder per tensor, in flattening order.
   auto [leaves, in_spec] = tree_flatten(c10::ivalue::Tuple::create(inputs), "input");
+  if (std::string problem = options.call.mismatch(in_spec); !problem.empty()) {
+    throw TypeError("the argument names given for the trace do not fit its inputs: " + problem);
+  }
+  const std::vector<std::string> leaf_names = options.call.leaf_names(in_spec);
   std::vector<c10::IValue> wrapped;
   wrapped.reserve(leaves.size());
   for (size_t i = 0; i < leaves.size(); ++i) {
@@ -455,7 +459,7 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
                        " tensor; torchcap traces strided (dense) tensors only. Pass the dense one "
                        "(to_dense()) and convert inside the program if it needs another layout");
     }
-    Node* ph = g.placeholder("ph_" + std::to_string(i));
+    Node* ph = g.placeholder(i < leaf_names.size() ? leaf_names[i] : "ph_" + std::to_string(i));
     TensorMeta meta = TensorMeta::of(t);
     if (options.meta) {
       // A meta input is a shape: it stands for a CPU tensor. The program
@@ -514,6 +518,7 @@ TraceResult run_trace(const TracedFunction& fn, const std::vector<c10::IValue>& 
 
   TraceResult traced{std::move(st.module()), unwrap_all(result)};
   traced.module.set_specs(std::move(in_spec), std::move(out_spec));
+  traced.module.call = options.call;
   return traced;
 }
 

@@ -84,10 +84,10 @@ def test_positional_parameters_given_by_name_on_the_first_call():
     other = torchcap.trace(model, (x, pair), kwargs)
     other.recompile()
     names = list(inspect.signature(type(other).forward).parameters)
-    assert names == ["self", "ph_0", "arg1", "scale"]
+    assert names == ["self", "x", "pair", "scale"]  # forward's own
     gm = torchcap.trace(model, (x, pair), kwargs)
     with torch.no_grad():
-        got = gm(ph_0=x, arg1=pair, scale=kwargs["scale"])  # the first call
+        got = gm(x=x, pair=pair, scale=kwargs["scale"])  # the first call
         assert runs_cpp(gm)
         assert torch.equal(got["out"], model(x, pair, **kwargs)["out"])
 

@@ -146,11 +146,11 @@ def test_out_of_range_and_inconsistent_sizes_are_refused():
     gm = torchcap.trace(model, masked_tokens(2, 6), dynamic_shapes=({0: BATCH, 1: SEQ},) * 2)
     ids, mask = masked_tokens(2, 17)
     kept = ids.clone()
-    with pytest.raises(torchcap.InputError, match=r"input 0 \(ph_0\): dimension 1 is 17, outside "
+    with pytest.raises(torchcap.InputError, match=r"input 0 \(ids\): dimension 1 is 17, outside "
                                                   r"the range \[1, 16\] of s1 \(seq\)"):
         gm(ids, mask)
     assert torch.equal(ids, kept)
-    with pytest.raises(torchcap.InputError, match=r"input 1 \(ph_1\): dimension 1 is 5, but it is "
+    with pytest.raises(torchcap.InputError, match=r"input 1 \(attention_mask\): dimension 1 is 5, but it is "
                                                   r"s1 \(seq\), which another input's dimension "
                                                   r"makes 6"):
         gm(torch.randint(0, 50, (2, 6)), torch.ones(2, 5, dtype=torch.long))

@@ -232,11 +232,11 @@ def test_values_that_are_not_tensors_are_refused(files):
     with pytest.raises(torchcap.InputError) as e:
         gm(None, (b, {"k": 2.0, "n": None}), *rest)
     assert str(e.value).startswith("inputs do not match the graph:\n"
-                                   "  input 0 (a): expected a tensor, got None\n"
-                                   "  input 2 (c): expected a tensor, got a float (2.0)\n")
+                                   "  input 0 (a, args[0]): expected a tensor, got None\n"
+                                   "  input 2 (c, args[1][1]['k']): expected a tensor, got a float (2.0)\n")
     assert isinstance(e.value, TypeError)
     gm = torchcap.load(files / "small.tcg")
-    with pytest.raises(torchcap.InputError, match=r"input 0 \(x\): expected a tensor f32\[2, 3\], "
+    with pytest.raises(torchcap.InputError, match=r"input 0 \(x, args\[0\]\): expected a tensor f32\[2, 3\], "
                                                   r"got a numpy\.ndarray"):
         gm(torch.randn(2, 3).numpy())
 

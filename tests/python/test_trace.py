@@ -224,11 +224,11 @@ def test_named_tuples_in_and_out(tmp_path):
                           m(pair2, extra=extra))
         exported = torchcap.export(m, (pair,), {"extra": extra})
         assert_tree_equal(exported(pair2, extra=extra), m(pair2, extra=extra))
-    # A .tcg file has no named tuples: loaded, plain tuples in their place
-    # (and the keywords one trailing dict, as torchcap.load gives them).
+    # A .tcg file has no named tuples: loaded, plain tuples in their place,
+    # the keywords passed by keyword as when traced.
     torchcap.save(gm, tmp_path / "named.tcg")
     loaded = torchcap.load(tmp_path / "named.tcg")
-    result = loaded(tuple(pair2), {"extra": tuple(extra)})
+    result = loaded(tuple(pair2), extra=tuple(extra))
     assert type(result) is tuple and type(result[1]["inner"]) is tuple
     torch.testing.assert_close(result[0], gm(pair2, extra=extra).first, rtol=0, atol=0)
 
@@ -293,10 +293,13 @@ def test_keywords_that_are_no_parameter_names(tmp_path):
             gm(x, **kwargs, other=x)
         torch.testing.assert_close(pickle.loads(pickle.dumps(gm))(x, **others),
                                    f(x, **others), rtol=0, atol=0)
-    # Saved and loaded: the keywords are one trailing dict, as for any program.
+    # Saved and loaded: called with the same keywords (Note [Calling
+    # convention] in src/graph/call_convention.cpp).
     torchcap.save(gm, tmp_path / "k.tcg")
     loaded = torchcap.load(tmp_path / "k.tcg")
-    torch.testing.assert_close(loaded(x, others), f(x, **others), rtol=0, atol=0)
+    torch.testing.assert_close(loaded(x, **others), f(x, **others), rtol=0, atol=0)
+    with pytest.raises(torchcap.InputError, match="called with"):
+        loaded(x, **missing)
     # Only such keywords.
     g = torchcap.trace(lambda a, **k: a + k["class"], (x,), {"class": x})
     assert torch.equal(g(x, **{"class": x * 2}), x * 3)
@@ -802,7 +805,7 @@ def test_composites_with_a_raw_fast_path_trace(f, args):
 
 def test_tensor_split_by_a_traced_tensor_names_the_operator():
     with pytest.raises(torchcap.TraceError, match="aten::tensor_split.tensor_indices_or_sections "
-                                                  "reads the memory of traced tensor %ph_1"):
+                                                  "reads the memory of traced tensor %i"):
         torchcap.trace(lambda a, i: torch.tensor_split(a, i)[0], (torch.randn(6), torch.tensor([2])))
 
 
@@ -824,7 +827,7 @@ def test_backward_inside_a_trace_points_to_export_training():
 ])
 def test_export_refuses_changes_of_an_inputs_shape_or_memory(op, f):
     x = torch.randn(2, 3)
-    with pytest.raises(torchcap.TraceError, match=re.escape(f"({op}") + ".*graph input %ph_0"):
+    with pytest.raises(torchcap.TraceError, match=re.escape(f"({op}") + ".*graph input %a "):
         torchcap.export(f, (x.clone(),))
     # trace with allow_input_mutation runs the operator itself.
     gm = torchcap.trace(f, (x.clone(),), allow_input_mutation=True)
@@ -882,7 +885,7 @@ def test_written_inputs_of_other_strides_are_refused():
     gm = torchcap.trace(lambda a: a.add_(1), (torch.zeros(2, 3),), allow_input_mutation=True)
     transposed = torch.zeros(3, 2).t()
     with pytest.raises(torchcap.InputError, match=re.escape(
-            "input 0 (ph_0, args[0]) is written by the graph and must have the strides it was "
+            "input 0 (a, args[0]) is written by the graph and must have the strides it was "
             "traced with, [3, 1]; got [1, 2]")):
         gm(transposed)
     assert torch.equal(transposed, torch.zeros(2, 3))
@@ -942,20 +945,17 @@ def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
     x, scale = torch.randn(2, 3, 4), torch.randn(12)
     gm = (torchcap.export if made_by == "export" else torchcap.trace)(f, (x,), {"scale": scale})
     call = gm
-    if made_by == "load":
+    if made_by == "load":  # called as the traced module: the file keeps the keywords
         torchcap.save(gm, tmp_path / "f.tcg")
-        loaded = torchcap.load(tmp_path / "f.tcg")
-
-        def call(x, *, scale):
-            return loaded(x, {"scale": scale})
+        call = torchcap.load(tmp_path / "f.tcg")
     expected = f(x, scale=scale)
     torch.testing.assert_close(call(x, scale=scale), expected, rtol=0, atol=0)
     other = torch.randn(5, 3, 4)
     with pytest.raises(torchcap.InputError,
-                       match=r"input 0 \(ph_0[^)]*\): expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
+                       match=r"input 0 \(x[^)]*\): expected f32\[2, 3, 4\], got f32\[5, 3, 4\]"):
         call(other, scale=scale)
     with pytest.raises(torchcap.InputError,
-                       match=r"input 1 \(ph_1[^)]*\): expected f32\[12\], got f64\[12\]"):
+                       match=r"input 1 \(scale[^)]*\): expected f32\[12\], got f64\[12\]"):
         call(x, scale=scale.double())
     assert other.shape == (5, 3, 4)  # the inputs are left as they were
     if made_by != "load":  # keywords in another order are matched by name
@@ -966,10 +966,9 @@ def test_inputs_of_other_shapes_or_dtypes_are_refused(tmp_path, made_by):
         # Kept by pickling.
         with pytest.raises(torchcap.InputError):
             pickle.loads(pickle.dumps(gm))(other, scale=scale)
-    # Each input named as the C++ Interpreter names it, and, in a traced
-    # module, where the call passed it.
-    where = (["input 0 (ph_0)", "input 1 (ph_1)"] if made_by == "load" else
-             ["input 0 (ph_0, args[0])", "input 1 (ph_1, kwargs['scale'])"])
+    # Each input named as the C++ Interpreter names it, and where the call
+    # passed it.
+    where = ["input 0 (x, args[0])", "input 1 (scale, kwargs['scale'])"]
     with pytest.raises(torchcap.InputError) as e:
         call(other, scale=scale.double())
     assert f"\n  {where[0]}: expected f32[2, 3, 4], got f32[5, 3, 4]\n" in str(e.value)
@@ -988,14 +987,10 @@ def test_values_that_are_not_tensors_are_refused(tmp_path, made_by):
 
     x, scale = torch.randn(4), torch.randn(4)
     gm = (torchcap.export if made_by == "export" else torchcap.trace)(f, (x,), {"scale": scale})
-    call, where = gm, ["input 0 (ph_0, args[0])", "input 1 (ph_1, kwargs['scale'])"]
+    call, where = gm, ["input 0 (x, args[0])", "input 1 (scale, kwargs['scale'])"]
     if made_by == "load":
         torchcap.save(gm, tmp_path / "f.tcg")
-        loaded = torchcap.load(tmp_path / "f.tcg")
-        where = ["input 0 (ph_0)", "input 1 (ph_1)"]
-
-        def call(x, *, scale):
-            return loaded(x, {"scale": scale})
+        call = torchcap.load(tmp_path / "f.tcg")
     values = {"None": None, "a numpy.ndarray": np.ones(4, dtype=np.float32),
               "a float (2.0)": 2.0, "an int (3)": 3, "a bool (True)": True}
     for got, value in values.items():
