@@ -1,15 +1,20 @@
 // What the commands of src/cli share: loading TorchScript files and reading
-// their forward's inputs (defined in main.cpp), and the training commands
-// (train.cpp).
+// their forward's inputs (defined in main.cpp), progress on a terminal, the
+// training commands (train.cpp) and show's pictures (show.cpp).
 #pragma once
+
+#include <torchcap/printer.h>
 
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace CLI {
 class App;
@@ -34,6 +39,28 @@ using Clock = std::chrono::steady_clock;
 inline double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
+
+// Progress for long steps, on stderr, only when stderr is a terminal: piped
+// output stays clean.
+class Progress {
+ public:
+  Progress() : tty_(::isatty(STDERR_FILENO) == 1) {}
+  ~Progress() { done(); }
+  void step(const std::string& what) {
+    if (!tty_) return;
+    std::fprintf(stderr, "\r\033[K%s...", what.c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  void done() {
+    if (tty_ && shown_) std::fprintf(stderr, "\r\033[K");
+    shown_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool shown_ = false;
+};
 
 // torch::jit::load of `path`, after checking that it is a TorchScript file;
 // operators no loaded library defines are reported with what to do.
@@ -100,5 +127,23 @@ int cmd_trace_train(const std::string& model, const std::vector<std::string>& in
 // each step, and with `output` the trained step saved.
 int cmd_run_steps(const std::string& file, const std::vector<std::string>& inputs,
                   const std::string& data, int64_t steps, const std::string& output, bool as_json);
+
+// `torchcap show FILE --svg OUT.svg` and `--dot` (show.cpp).
+struct PictureRequest {
+  std::string svg;  // render the picture there
+  bool dot = false;  // print its Graphviz source
+  DotOptions options;  // --all-nodes, --depth, --budget
+  double timeout = 0;  // --timeout: seconds Graphviz may take; 0: no limit
+};
+// Adds --all-nodes, --depth, --budget and --timeout to `show`.
+void add_picture_options(CLI::App& show, PictureRequest& request);
+// Refuses those options where they would do nothing (without --svg or
+// --dot, or with --memory).
+void check_picture_options(const CLI::App& show, const PictureRequest& request, bool memory);
+// Renders --svg (complete or not at all, with progress on a terminal) and
+// prints --dot's source. "rendered OUT.svg in T: what was drawn" goes to
+// stdout, or to stderr when stdout carries --dot's source or another view
+// (`other_output`).
+void show_picture(const GraphModule& gm, const PictureRequest& request, bool other_output);
 
 }  // namespace torchcap::cli

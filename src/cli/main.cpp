@@ -3,7 +3,7 @@
 //   torchcap trace MODEL.pt --input 1x3x224x224 [-o OUT.tcg] [--export] [--no-check] [--meta] [--json]
 //   torchcap trace --example resnet18 [-o OUT.tcg]
 //   torchcap examples
-//   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]
+//   torchcap show FILE.tcg [--summary|--graph|--code|--dot] [--svg OUT.svg] [--json]   (pictures: show.cpp)
 //   torchcap run FILE.tcg [--input ...] [--weights FILE] [--json]
 //   torchcap optimize FILE.tcg -o OUT.tcg [--json]   (optimize.cpp)
 //   torchcap trace MODEL.pt --train --loss mse --input ... --target ... [--optimizer adam] -o STEP.tcg
@@ -44,11 +44,7 @@
 #include <fstream>
 #include <iostream>
 #include <sys/stat.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-extern char** environ;
 
 namespace torchcap::cli {
 namespace {
@@ -69,28 +65,6 @@ std::string one_line_of(std::string s) {
   }
   return out;
 }
-
-// Progress for long steps, on stderr, only when stderr is a terminal: piped
-// output stays clean.
-class Progress {
- public:
-  Progress() : tty_(::isatty(STDERR_FILENO) == 1) {}
-  ~Progress() { done(); }
-  void step(const std::string& what) {
-    if (!tty_) return;
-    std::fprintf(stderr, "\r\033[K%s...", what.c_str());
-    std::fflush(stderr);
-    shown_ = true;
-  }
-  void done() {
-    if (tty_ && shown_) std::fprintf(stderr, "\r\033[K");
-    shown_ = false;
-  }
-
- private:
-  bool tty_;
-  bool shown_ = false;
-};
 
 std::vector<c10::IValue> as_ivalues(const std::vector<at::Tensor>& ts) {
   return std::vector<c10::IValue>(ts.begin(), ts.end());
@@ -433,59 +407,16 @@ int cmd_trace(const TraceCommand& cmd) {
   return 0;
 }
 
-void render_svg(const std::string& dot_source, const std::string& svg_path) {
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) throw Error("cannot start Graphviz: no pipe");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[0], STDIN_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_fds[1]);
-  std::string out_flag = "-o" + svg_path;
-  std::vector<char*> argv = {const_cast<char*>("dot"), const_cast<char*>("-Tsvg"),
-                             out_flag.data(), nullptr};
-  pid_t pid = 0;
-  int rc = posix_spawnp(&pid, "dot", &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[0]);
-  if (rc != 0) {
-    ::close(pipe_fds[1]);
-    throw Error("cannot run Graphviz's dot to render '" + svg_path + "' (is graphviz installed?)");
-  }
-  const char* data = dot_source.data();
-  size_t left = dot_source.size();
-  while (left > 0) {
-    ssize_t n = ::write(pipe_fds[1], data, left);
-    if (n <= 0) break;
-    data += n;
-    left -= static_cast<size_t>(n);
-  }
-  ::close(pipe_fds[1]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    throw Error("Graphviz's dot failed to render '" + svg_path + "'");
-  }
-}
-
-int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std::string& svg,
-             bool as_json) {
+int cmd_show(const std::string& file, bool graph, bool code, const PictureRequest& picture, bool as_json) {
   GraphModule gm = load(file);
-  if (!svg.empty()) {
-    Progress progress;
-    progress.step("rendering " + svg);
-    render_svg(graphviz_dot(gm.graph()), svg);
-    progress.done();
-    if (!graph && !code && !dot && !as_json) {
-      std::printf("rendered %s\n", svg.c_str());
-      return 0;
-    }
+  if (!picture.svg.empty() || picture.dot) {
+    show_picture(gm, picture, graph || code || as_json);  // show.cpp
+    if (!graph && !code && !as_json) return 0;
   }
   if (graph) {
     std::cout << gm.str(/*with_source=*/true);
   } else if (code) {
     std::cout << python_code(gm);
-  } else if (dot) {
-    std::cout << graphviz_dot(gm.graph());
   } else if (as_json) {
     GraphSummary s = summarize(gm);
     json j = summary_json(gm);
@@ -494,6 +425,7 @@ int cmd_show(const std::string& file, bool graph, bool code, bool dot, const std
     }
     j["weightless"] = {{"count", s.weightless}, {"bytes", s.weightless_bytes}};
     j["inputs"] = s.input_types;
+    if (!s.call.empty()) j["call"] = s.call;
     j["symbols"] = s.symbols;
     j["output_types"] = s.output_types;
     if (is_training_step(gm)) {
@@ -631,20 +563,7 @@ int cmd_run(const std::string& file, const std::vector<std::string>& input_specs
   if (input_specs.empty()) {
     inputs = random_inputs_for(gm);
   } else {
-    // A shape without a dtype takes its placeholder's.
-    const std::vector<Node*> placeholders = gm.graph().placeholders();
-    for (size_t i = 0; i < input_specs.size(); ++i) {
-      c10::ScalarType dtype = c10::kFloat;
-      if (i < placeholders.size() && placeholders[i]->meta().val.kind == ValueKind::Tensor &&
-          !placeholders[i]->meta().val.tensors.empty()) {
-        dtype = placeholders[i]->meta().val.tensors[0].dtype;
-      }
-      inputs.push_back(parse_input(input_specs[i], false, dtype));
-    }
-    if (inputs.size() != interp.num_inputs()) {
-      throw Error("'" + file + "' takes " + std::to_string(interp.num_inputs()) + " input(s), got " +
-                  std::to_string(inputs.size()) + " --input");
-    }
+    inputs = run_inputs_for(gm, input_specs);
   }
   auto t0 = Clock::now();
   std::vector<at::Tensor> outputs = interp.run_flat(inputs);
@@ -707,10 +626,11 @@ int main_impl(int argc, char** argv) {
   app.set_version_flag("--version", "torchcap " TORCHCAP_VERSION);  // torchcap.__version__
 
   TraceCommand trace_args;
-  std::string output, svg, file;
+  std::string output, file;
   std::vector<std::string> inputs, libraries;
   bool no_check = false, as_json = false;
-  bool show_graph = false, show_code = false, show_dot = false, show_summary = false;
+  bool show_graph = false, show_code = false, show_summary = false;
+  PictureRequest picture;
   bool show_memory_plan = false;
   uint64_t seed = 0;
   const char* library_help = "load an operator library first (repeatable), e.g. torchvision's _C.so";
@@ -764,11 +684,12 @@ int main_impl(int argc, char** argv) {
   auto* summary_flag = show_cmd->add_flag("--summary", show_summary, "nodes, operators, parameters, inputs and outputs (default)");
   auto* graph_flag = show_cmd->add_flag("--graph", show_graph, "the FX-style graph, with each node's source");
   auto* code_flag = show_cmd->add_flag("--code", show_code, "Python code for torch.fx");
-  auto* dot_flag = show_cmd->add_flag("--dot", show_dot, "Graphviz source");
+  auto* dot_flag = show_cmd->add_flag("--dot", picture.dot, "Graphviz source (what --svg draws)");
   summary_flag->excludes(graph_flag)->excludes(code_flag)->excludes(dot_flag);
   graph_flag->excludes(code_flag)->excludes(dot_flag);
   code_flag->excludes(dot_flag);
-  show_cmd->add_option("--svg", svg, "render the graph to this SVG file with Graphviz");
+  show_cmd->add_option("--svg", picture.svg, "render the graph to this SVG file with Graphviz, grouped by module");
+  add_picture_options(*show_cmd, picture);
   show_cmd->add_option("--library", libraries, library_help);
   // --json is the summary's (or, with --memory, the plan's) form: with
   // --graph, --code or --dot it would be ignored without a word.
@@ -844,7 +765,8 @@ int main_impl(int argc, char** argv) {
   if (run_cmd->parsed() && !data.empty() && run_cmd->count("--steps") == 0) {
     throw Error("--data needs --steps: it holds batches for training steps");
   }
-  check_not_empty(show_cmd, "--svg", svg);
+  check_not_empty(show_cmd, "--svg", picture.svg);
+  if (show_cmd->parsed()) check_picture_options(*show_cmd, picture, show_memory_plan);
   for (const std::string& library : libraries) load_library(library);
   at::manual_seed(seed);
   if (trace_cmd->parsed() && (train_args.train || train_options_given(*trace_cmd))) {
@@ -860,8 +782,8 @@ int main_impl(int argc, char** argv) {
     return cmd_trace(trace_args);
   }
   if (optimize_cmd->parsed()) return cmd_optimize(file, optimized, as_json);
-  if (show_cmd->parsed() && show_memory_plan) return show_memory(file, svg, as_json);
-  if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, show_dot, svg, as_json);
+  if (show_cmd->parsed() && show_memory_plan) return show_memory(file, picture.svg, as_json);
+  if (show_cmd->parsed()) return cmd_show(file, show_graph, show_code, picture, as_json);
   if (run_cmd->parsed() && run_cmd->count("--steps") > 0 && !weights.empty()) {
     throw Error("--weights does not apply to --steps: a training step starts from the parameters "
                 "and optimizer state its file holds");

@@ -4,6 +4,7 @@ import collections
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -135,9 +136,97 @@ def test_show_graph_code_dot(mlp_file):
 def test_show_svg(mlp_file, tmp_path):
     svg = tmp_path / "g.svg"
     out = run("show", mlp_file, "--svg", svg).stdout
-    assert out.strip() == f"rendered {svg}"
+    # One line: the file, Graphviz's time and what was drawn.
+    assert re.fullmatch(rf"rendered {re.escape(str(svg))} in [0-9.]+ m?s: all 11 nodes in 2 module clusters, "
+                        r"4 attributes inside the box of their reader\n", out), out
     text = svg.read_text()
     assert "<svg" in text and "addmm" in text
+
+
+# --- pictures (show --svg, --dot; src/graph/dot.cpp) ----------------------------
+
+def test_show_svg_groups_nodes_by_module(torchvision_models, tmp_path):
+    tcg, svg = tmp_path / "r18.tcg", tmp_path / "r18.svg"
+    run("trace", torchvision_models / "resnet18.pt", "--input", "1x3x224x224", "-o", tcg)
+    out = run("show", tcg, "--svg", svg).stdout
+    assert re.fullmatch(r"rendered \S+ in [0-9.]+ m?s: all 195 nodes in 75 module clusters, "
+                        r"102 attributes inside the box of their reader\n", out), out
+    text = svg.read_text()
+    # Clusters are labelled by module path and class, nested as the calls were.
+    for label in ("layer1 (Sequential)", "layer1.0 (BasicBlock)", "layer1.0.conv1 (Conv2d)", "fc (Linear)"):
+        assert f">{label}</text>" in text, label
+    dot = run("show", tcg, "--dot").stdout
+    layer1 = dot.index('label="layer1 (Sequential)"')
+    assert dot.index('label="layer1.0 (BasicBlock)"') > layer1
+
+
+def test_show_svg_module_level(torchvision_models, tmp_path):
+    tcg, svg = tmp_path / "r18.tcg", tmp_path / "r18.svg"
+    run("trace", torchvision_models / "resnet18.pt", "--input", "1x3x224x224", "-o", tcg)
+    out = run("show", tcg, "--svg", svg, "--depth", "2").stdout
+    assert re.fullmatch(r"rendered \S+ in [0-9.]+ m?s: 14 modules and 3 other nodes of 195 nodes at module "
+                        r"depth 2; --all-nodes draws every node, --depth N another depth\n", out), out
+    text = svg.read_text()
+    assert ">layer1.0 (BasicBlock)</text>" in text and ">9 operators</text>" in text
+    assert ">layer1.0.conv1 (Conv2d)</text>" not in text  # inside its block's box
+    # Above the budget the deepest depth that fits is chosen without asking.
+    res = run("show", tcg, "--svg", svg, "--budget", "30")
+    assert "at module depth 2" in res.stdout and res.stderr == ""
+    res = run("show", tcg, "--svg", svg, "--budget", "30", "--all-nodes")
+    assert "all 195 nodes" in res.stdout
+    assert "beyond the budget (30 boxes" in res.stderr  # said before Graphviz starts
+    # --dot prints the source; what was drawn goes to stderr.
+    res = run("show", tcg, "--dot", "--depth", "1")
+    assert res.stdout.startswith("digraph torchcap {")
+    assert res.stderr.startswith("drew 10 modules and 3 other nodes of 195 nodes at module depth 1")
+
+
+def test_show_picture_of_a_training_step(tmp_path):
+    model, _ = script_model(tmp_path, [
+        "import torch",
+        "class M(torch.nn.Module):",
+        "    def __init__(self):",
+        "        super().__init__()",
+        "        self.fc1 = torch.nn.Linear(8, 16)",
+        "        self.fc2 = torch.nn.Linear(16, 4)",
+        "    def forward(self, x):",
+        "        return self.fc2(torch.relu(self.fc1(x)))",
+    ], "m.pt")
+    step = tmp_path / "step.tcg"
+    run("trace", model, "--train", "--loss", "mse", "--input", "8x8", "--target", "8x4",
+        "--optimizer", "adam", "-o", step)
+    dot = run("show", step, "--dot").stdout
+    # Three regions, in order, each holding its part of the step.
+    regions = [dot.index(f'label="{name}') for name in ("forward", "backward", "optimizer")]
+    assert regions == sorted(regions)
+    # A step's nodes record no module calls: they go to the module whose
+    # parameters they read (Note [Modules of nodes without a module stack]).
+    assert 'label="fc1"' in dot[regions[0]:regions[1]]
+    assert 'label="fc2"' in dot[regions[1]:regions[2]]  # the gradient back through fc2 reads its weight
+    out = run("show", step, "--svg", tmp_path / "step.svg").stdout
+    assert "a training step's forward, backward and optimizer as regions" in out
+    # Over the budget, backward and optimizer fold into a box each.
+    res = run("show", step, "--dot", "--budget", "10")
+    assert "the backward pass and the optimizer as one box each" in res.stderr
+
+
+def test_show_picture_options_are_refused_where_they_do_nothing(mlp_file, tmp_path):
+    assert error_of("show", mlp_file, "--depth", "2") == \
+        "--all-nodes, --depth and --budget choose what --svg or --dot draws; give one of them"
+    assert error_of("show", mlp_file, "--timeout", "5") == "--timeout bounds --svg's rendering; give --svg"
+    assert error_of("show", mlp_file, "--memory", "--budget", "5") == \
+        "--all-nodes, --depth and --budget draw a graph, not --memory's plan"
+    assert error_of("show", mlp_file, "--dot", "--depth", "1", "--all-nodes", code=2) == \
+        "--all-nodes excludes --depth (see torchcap --help)"
+
+
+def test_show_svg_timeout_leaves_no_file(torchvision_models, tmp_path):
+    tcg, svg = tmp_path / "r18.tcg", tmp_path / "r18.svg"
+    run("trace", torchvision_models / "resnet18.pt", "--input", "1x3x224x224", "-o", tcg)
+    message = error_of("show", tcg, "--svg", svg, "--all-nodes", "--timeout", "0.001")
+    assert message.startswith(f"Graphviz did not finish drawing '{svg}' in --timeout "), message
+    assert "draw fewer (--depth N, --budget N, without --all-nodes) or allow longer" in message
+    assert list(tmp_path.iterdir()) == [tcg]
 
 
 # --- run -------------------------------------------------------------------------
