@@ -28,6 +28,7 @@ import operator
 import os
 import stat
 import zlib
+from typing import Mapping, Optional, Union
 
 import torch
 import torch.fx
@@ -759,8 +760,12 @@ def _written_placeholders(graph):
     return written
 
 
-def load(path, verify_checksums=True, weights=None, strict=True):
+def load(path: Union[str, "os.PathLike[str]"], verify_checksums: bool = True,
+         weights: Optional[Mapping[str, torch.Tensor]] = None,
+         strict: bool = True) -> torch.fx.GraphModule:
     """Reads a `.tcg` file written by torchcap::save into a torch.fx.GraphModule.
+
+    path: the file, a str or a path-like object.
 
     Parameters become nn.Parameters (requires_grad=False), buffers and
     constants become buffers, at their dotted paths; all are views of the
