@@ -38,11 +38,6 @@ constexpr DtypeName kDtypes[] = {
     {"b8", c10::kBool},
 };
 
-bool is_file(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 at::Tensor random_tensor(c10::IntArrayRef shape, c10::ScalarType dtype) {
   if (dtype == c10::kBool) return at::randint(0, 2, shape, at::kLong).to(c10::kBool);
   if (c10::isIntegralType(dtype, /*includeBool=*/false)) return at::randint(0, 10, shape, at::TensorOptions().dtype(dtype));
@@ -50,6 +45,11 @@ at::Tensor random_tensor(c10::IntArrayRef shape, c10::ScalarType dtype) {
 }
 
 }  // namespace
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
 
 c10::ScalarType parse_dtype(const std::string& name) {
   for (const auto& d : kDtypes) {

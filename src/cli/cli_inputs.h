@@ -14,6 +14,10 @@
 
 namespace torchcap::cli {
 
+// Whether `path` names a regular file (an --input or --target given as a
+// file rather than a shape).
+bool is_file(const std::string& path);
+
 // One `--input` value: "1x3x224x224", "1x3x224x224:float32", "scalar:int64",
 // or the path of a file written by Python's torch.save(tensor). Random values
 // come from the generator, seeded once per command. With `shapes_only` (a

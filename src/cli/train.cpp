@@ -30,7 +30,6 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
-#include <sys/stat.h>
 #include <unistd.h>
 
 namespace torchcap::cli {
@@ -158,11 +157,6 @@ std::unique_ptr<torch::optim::Optimizer> eager_optimizer(const Optimizer& optimi
 // --- The loss and its targets -------------------------------------------------------
 
 std::string shape_of(const at::Tensor& t) { return c10::str(t.sizes()); }
-
-bool is_file(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 // Note [Targets of the cross-entropy]
 // Cross-entropy takes class indices (the output's shape without its class
