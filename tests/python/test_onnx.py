@@ -13,6 +13,7 @@ import onnx
 import pytest
 import torch
 import torch.nn as nn
+import torch.utils._pytree as pytree
 import torchvision
 
 import torchcap
@@ -58,11 +59,8 @@ def image(batch=1, size=64):
 
 
 def flat(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in flat(v)]
-    return [t for v in value for t in flat(v)]
+    """The tensors of a nested output, in order (the ONNX file's outputs)."""
+    return [t for t in pytree.tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
 
 
 def to_onnx(gm, args, **options):
