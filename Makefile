@@ -19,7 +19,7 @@ DEB_PACKAGES := \
 	cmake g++ make \
 	libtorch-dev libopenblas0-openmp python3-torch python3-torchvision python3-pytest python3-dev pybind11-dev python3-onnx \
 	libgtest-dev libgmock-dev libbenchmark-dev \
-	nlohmann-json3-dev libcli11-dev libdw-dev libunwind-dev zlib1g-dev \
+	nlohmann-json3-dev libcli11-dev libdnnl-dev libdw-dev libunwind-dev zlib1g-dev \
 	graphviz ccache ninja-build clang libclang-rt-14-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

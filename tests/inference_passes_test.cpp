@@ -17,6 +17,11 @@
 namespace torchcap {
 namespace {
 
+// Values of a graph on the same inputs, for before/after comparisons.
+at::Tensor run(const GraphModule& gm, const std::vector<c10::IValue>& inputs) {
+  return Interpreter(gm).run(inputs).toTensor();
+}
+
 size_t count(const GraphModule& gm, const std::string& target) {
   size_t n = 0;
   for (const Node* node : gm.graph()) n += node->op() == OpCode::CallFunction && node->target() == target;
@@ -169,20 +174,20 @@ TEST(PrepackConvolutions, ConvolutionsRunPackedWithTheReluFused) {
             "graph():\n"
             "    %ph_0 : f32[2, 3, 8, 8] [users=1] = placeholder[target=ph_0]\n"
             "    %a_weight : f32[8, 3, 3, 3] [users=1] = get_attr[target=a.weight]\n"
-            "    %conv2d_prepack : [users=1] = mkldnn_prepacked::conv2d_prepack(%a_weight, None, [1, 1], [1, 1], "
+            "    %conv2d_prepack : [users=1] = torchcap::conv2d_prepack(%a_weight, None, [1, 1], [1, 1], "
             "[1, 1], 1, [2, 3, 8, 8], 'relu')\n"
             "    %clone : f32[2, 3, 8, 8] [users=1] = aten::clone(%ph_0, memory_format=torch.channels_last)\n"
-            "    %conv2d_run : f32[2, 8, 8, 8] [users=1] = mkldnn_prepacked::conv2d_run(%clone, %conv2d_prepack)\n"
+            "    %conv2d_run : f32[2, 8, 8, 8] [users=1] = torchcap::conv2d_run(%clone, %conv2d_prepack)\n"
             "    %b_weight : f32[4, 8, 3, 3] [users=1] = get_attr[target=b.weight]\n"
             "    %b_bias : f32[4] [users=1] = get_attr[target=b.bias]\n"
-            "    %conv2d_prepack_1 : [users=1] = mkldnn_prepacked::conv2d_prepack(%b_weight, %b_bias, [2, 2], "
+            "    %conv2d_prepack_1 : [users=1] = torchcap::conv2d_prepack(%b_weight, %b_bias, [2, 2], "
             "[0, 0], [1, 1], 1, [2, 8, 8, 8], 'none')\n"
-            "    %conv2d_run_1 : f32[2, 4, 3, 3] [users=1] = mkldnn_prepacked::conv2d_run(%conv2d_run, "
+            "    %conv2d_run_1 : f32[2, 4, 3, 3] [users=1] = torchcap::conv2d_run(%conv2d_run, "
             "%conv2d_prepack_1)\n"
             "    return (%conv2d_run_1,)\n");
   // Activations are channels-last from the clone on, and the graph says so.
   for (const Node* n : gm.graph()) {
-    if (n->target() == "mkldnn_prepacked::conv2d_run") {
+    if (n->target() == "torchcap::conv2d_run") {
       const TensorMeta& t = n->meta().val.tensors[0];
       EXPECT_EQ(t.strides[1], 1) << n->name();
     }
@@ -204,6 +209,80 @@ TEST(PrepackConvolutions, ConvolutionsRunPackedWithTheReluFused) {
   EXPECT_FALSE(detail::prepack_convolutions(gm));  // nothing left to pack
 }
 
+// A residual block's tail: conv, then the shortcut added, then a relu; the
+// shortcut is computed after the convolution, so the fused call goes where
+// the add was.
+TEST(PrepackConvolutions, AResidualAddAndItsReluRunInsideTheConvolution) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<TwoConvsImpl>();
+  torch::nn::Conv2d shortcut{torch::nn::Conv2dOptions(3, 8, 1).bias(false)};
+  m->register_module("shortcut", shortcut);
+  ModuleState state = ModuleState::of(*m);
+  GraphModule gm = torchcap::trace(state, [&](const std::vector<c10::IValue>& in) {
+    const at::Tensor& x = in[0].toTensor();
+    at::Tensor y = m->a->forward(x);
+    return c10::IValue(torch::relu(y.add_(shortcut->forward(x))));
+  }, {torch::randn({1, 3, 8, 8})});
+  GraphModule before = gm.clone();
+  ASSERT_TRUE(detail::prepack_convolutions(gm));
+  gm.lint();
+  EXPECT_EQ(gm.str(),
+            "# parameter a.weight: f32[8, 3, 3, 3]\n"
+            "# parameter shortcut.weight: f32[8, 3, 1, 1]\n"
+            "# inputs: (*,)\n"
+            "# outputs: *\n"
+            "graph():\n"
+            "    %ph_0 : f32[1, 3, 8, 8] [users=2] = placeholder[target=ph_0]\n"
+            "    %a_weight : f32[8, 3, 3, 3] [users=1] = get_attr[target=a.weight]\n"
+            "    %shortcut_weight : f32[8, 3, 1, 1] [users=1] = get_attr[target=shortcut.weight]\n"
+            "    %conv2d_prepack_1 : [users=1] = torchcap::conv2d_prepack(%shortcut_weight, None, [1, 1], [0, 0], "
+            "[1, 1], 1, [1, 3, 8, 8], 'none')\n"
+            "    %clone : f32[1, 3, 8, 8] [users=1] = aten::clone(%ph_0, memory_format=torch.channels_last)\n"
+            "    %conv2d_run_1 : f32[1, 8, 8, 8] [users=1] = torchcap::conv2d_run(%clone, %conv2d_prepack_1)\n"
+            "    %conv2d_prepack : [users=1] = torchcap::conv2d_prepack(%a_weight, None, [1, 1], [1, 1], "
+            "[1, 1], 1, [1, 3, 8, 8], 'add_relu')\n"
+            "    %clone_1 : f32[1, 3, 8, 8] [users=1] = aten::clone(%ph_0, memory_format=torch.channels_last)\n"
+            "    %conv2d_run : f32[1, 8, 8, 8] [users=1] = torchcap::conv2d_run(%clone_1, %conv2d_prepack, "
+            "%conv2d_run_1)\n"
+            "    return (%conv2d_run,)\n");
+  InterpreterOptions planned;
+  planned.plan_memory = true;
+  Interpreter packed(gm), packed_planned(gm, planned), unpacked(before);
+  for (uint64_t seed : {1, 2}) {
+    torch::manual_seed(seed);
+    at::Tensor x = torch::randn({1, 3, 8, 8});
+    at::Tensor want = unpacked.run({x}).toTensor();
+    at::Tensor got = packed.run({x}).toTensor();
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << seed;
+    EXPECT_TRUE(at::equal(packed_planned.run({x}).toTensor(), got)) << seed;
+  }
+  const std::string bytes = save_to_string(gm);
+  at::Tensor x = torch::randn({1, 3, 8, 8});
+  EXPECT_TRUE(at::equal(run(load_from_buffer(bytes.data(), bytes.size()), {x}), run(gm, {x})));
+}
+
+// An add that writes over its other operand (the shortcut), or adds the
+// convolution's result with alpha 2, keeps its add.
+TEST(PrepackConvolutions, AnAddOverTheShortcutOrWithAlphaIsLeft) {
+  torch::manual_seed(0);
+  auto m = std::make_shared<TwoConvsImpl>();
+  ModuleState state = ModuleState::of(*m);
+  for (int variant : {0, 1}) {
+    GraphModule gm = torchcap::trace(state, [&](const std::vector<c10::IValue>& in) {
+      at::Tensor shortcut = in[1].toTensor().clone();
+      at::Tensor y = m->a->forward(in[0].toTensor());
+      return c10::IValue(variant == 0 ? shortcut.add_(y) : torch::add(shortcut, y, 2));
+    }, {torch::randn({1, 3, 8, 8}), torch::randn({1, 8, 8, 8})});
+    GraphModule before = gm.clone();
+    ASSERT_TRUE(detail::prepack_convolutions(gm));
+    gm.lint();
+    EXPECT_EQ(count(gm, variant == 0 ? "aten::add_.Tensor" : "aten::add.Tensor"), 1u) << variant;
+    at::Tensor x = torch::randn({1, 3, 8, 8});
+    at::Tensor r = torch::randn({1, 8, 8, 8});
+    EXPECT_TRUE(at::allclose(run(gm, {x, r}), run(before, {x, r}), 1e-5, 1e-5)) << variant;
+  }
+}
+
 TEST(PrepackConvolutions, NotWhenTheGraphWritesAnAttributeOrIsDynamic) {
   ConvBn m;
   GraphModule training = m.trace(/*training=*/true);  // batch norm updates its statistics
@@ -221,11 +300,6 @@ TEST(PrepackConvolutions, NotWhenTheGraphWritesAnAttributeOrIsDynamic) {
   const std::string dynamic_listing = dynamic.str();
   EXPECT_FALSE(detail::prepack_convolutions(dynamic));
   EXPECT_EQ(dynamic.str(), dynamic_listing);
-}
-
-// Values of a graph on the same inputs, for before/after comparisons.
-at::Tensor run(const GraphModule& gm, const std::vector<c10::IValue>& inputs) {
-  return Interpreter(gm).run(inputs).toTensor();
 }
 
 TEST(FoldBatchNorms, LinearAndBatchNorm1dBecomeOneLinear) {
@@ -360,7 +434,7 @@ TEST(PrepackConvolutions, AHardtanhAfterAConvolutionIsClampedByXnnpack) {
   } else {
     EXPECT_EQ(count(gm, "aten::hardtanh"), 1u);
   }
-  EXPECT_EQ(count(gm, "mkldnn_prepacked::conv2d_run"), 1u);
+  EXPECT_EQ(count(gm, "torchcap::conv2d_run"), 1u);
   at::Tensor x = torch::randn({1, 3, 8, 8});
   EXPECT_TRUE(at::allclose(run(gm, {x}), run(before, {x}), 1e-5, 1e-5));
 }
@@ -421,7 +495,12 @@ TEST(OptimizePipeline, ResNet18AgreesWithTheTracedGraph) {
   auto [gm, optimized] = resnet18_through({"optimize"});
   EXPECT_EQ(count(optimized, "aten::convolution"), 0u);
   EXPECT_EQ(count(optimized, "aten::native_batch_norm"), 0u);
-  EXPECT_EQ(count(optimized, "mkldnn_prepacked::conv2d_run"), count(gm, "aten::convolution"));
+  EXPECT_EQ(count(optimized, "torchcap::conv2d_run"), count(gm, "aten::convolution"));
+  // Each block's residual add and the relu after it run inside its second convolution.
+  auto adds = [](const GraphModule& g) { return count(g, "aten::add.Tensor") + count(g, "aten::add_.Tensor"); };
+  auto relus = [](const GraphModule& g) { return count(g, "aten::relu") + count(g, "aten::relu_"); };
+  EXPECT_EQ(adds(gm), 8u);
+  EXPECT_EQ(adds(optimized) + relus(optimized), 0u);
 }
 
 }  // namespace

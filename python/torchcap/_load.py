@@ -287,6 +287,11 @@ class _Reader(_TcgFile):
         if not isinstance(op, torch._ops.OpOverload):
             if ns in ("aten", "prim", "prims"):
                 self.fail(offset, f"{label}call_function: no operator {target} is registered")
+            if ns == "torchcap":
+                # Note [torchcap's packed convolution] in src/kernels/onednn_conv.h
+                self.fail(offset, f"{label}call_function: {target} is one of torchcap's own "
+                                  "operators (a graph optimized for inference), which its compiled "
+                                  "part, torchcap._C, registers; this Python reader runs without it")
             # A custom operator: registered only once its library is loaded.
             self.fail(offset, f"{label}call_function: no operator {target} is registered in "
                               "torch.ops; load the library that defines it first: "

@@ -4,30 +4,39 @@
 // the activations too. TorchScript's optimize_for_inference avoids both by
 // converting whole regions to opaque oneDNN tensors, whose layout neither a
 // file nor torch.fx can hold. This pass keeps every value a plain strided
-// tensor and uses the operators LibTorch registers for packed weights:
+// tensor and calls convolutions whose weights are packed once:
 //
-//   %w = mkldnn_prepacked::conv2d_prepack(%weight, %bias, stride, padding,
-//                                         dilation, groups, input_size, "relu")
-//   %y = mkldnn_prepacked::conv2d_run(%x, %w)
+//   %w = torchcap::conv2d_prepack(%weight, %bias, stride, padding, dilation,
+//                                 groups, input_size, "add_relu")
+//   %y = torchcap::conv2d_run(%x, %w, %shortcut)
 //
-// The packing reads attributes only, so the interpreter computes it once
-// (Note [Views of attributes, computed once] in
-// runtime/plan_passes/fold_views.cpp); a relu that is the convolution's only
-// reader is fused into it ("relu"); and because conv2d_run is fastest on
+// (Note [torchcap's packed convolution] in kernels/onednn_conv.h: oneDNN,
+// by Winograd's algorithm where it wins.) The packing reads attributes only,
+// so the interpreter computes it once (Note [Views of attributes, computed
+// once] in runtime/plan_passes/fold_views.cpp). What follows the
+// convolution is fused into it when the convolution's result has no other
+// reader: a relu ("relu"); or an add of another tensor of its sizes, alpha
+// 1, then perhaps a relu ("add", "add_relu": a residual block's tail). An
+// in-place add_ is fused only when it writes over the convolution's result;
+// over the other operand, that tensor's later readers would see the sum.
+// The fused call goes where the add was, since the shortcut may be computed
+// after the convolution. Because the packed convolution is fastest on
 // channels-last activations (and keeps them so: its result, relu, add and
-// the pools stay channels-last), the input of each packed convolution that
-// is not channels-last is made so by a clone. The file stays portable: the
-// weights are saved unpacked, and torch.fx runs the same two operators
-// (packing at every call).
+// the pools stay channels-last), the input of each that is not channels-last
+// is made so by a clone. The file stays portable: the weights are saved
+// unpacked, and torch.fx runs the same two operators (packing at every call).
 //
-// Which kernel: measured per operator against XNNPACK's packed convolution
-// (prepacked::conv2d_clamp_*) and aten::convolution on channels-last inputs,
-// oneDNN's packed one was as fast or faster on the convolutions of
-// ResNet-18 and MobileNetV2 that a relu or nothing follows (XNNPACK's 1x1
-// ones level with it, not faster over the whole model). oneDNN fuses a relu
-// only, though; a convolution whose only reader is a hardtanh (ReLU6, all
-// of MobileNetV2's) runs as XNNPACK's with the clamp fused, which saves a
-// pass over its result (docs/benchmarks.md has the figures).
+// Which kernel: measured per operator on ResNet-18 and MobileNetV2 against
+// LibTorch's packed oneDNN convolution (mkldnn_prepacked::conv2d_run, the
+// direct algorithm only, relu the only fusion, and its weights reordered
+// again at each call), XNNPACK's (prepacked::conv2d_clamp_*) and
+// aten::convolution on channels-last inputs: torchcap's was as fast or
+// faster everywhere a relu, an add or nothing follows, and Winograd takes
+// ResNet-18's 3x3 convolutions of stride 1 in 0.45 to 0.75 of the time.
+// oneDNN fuses no clamp, though: a convolution whose only reader is a
+// hardtanh (ReLU6, all of MobileNetV2's) runs as XNNPACK's with the clamp
+// fused, which saves a pass over its result (docs/benchmarks.md has the
+// figures).
 //
 // What is rewritten: aten::convolution, not transposed, of a 4-D float32 CPU
 // input, whose weight (and bias, if any) are float32 attributes with values,
@@ -43,7 +52,7 @@
 #include <torchcap/evaluator.h>
 
 #include "graph/operator_facts.h"
-
+#include "kernels/onednn_conv.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -58,8 +67,6 @@
 namespace torchcap::detail {
 namespace {
 
-constexpr const char* kPack = "mkldnn_prepacked::conv2d_prepack";
-constexpr const char* kRun = "mkldnn_prepacked::conv2d_run";
 constexpr const char* kClampPack = "prepacked::conv2d_clamp_prepack";
 constexpr const char* kClampRun = "prepacked::conv2d_clamp_run";
 
@@ -88,6 +95,35 @@ bool packable(const GraphModule& gm, const Node* conv) {
   const ValueMeta& in = c[0].to_node()->meta().val;
   return in.kind == ValueKind::Tensor && in.tensors[0].dtype == at::kFloat && in.tensors[0].sizes.size() == 4 &&
          in.tensors[0].device.is_cpu();
+}
+
+// The add a convolution's result goes to, when oneDNN can do it as the
+// convolution writes its result: `conv`'s only reader is an add of alpha 1
+// (`add_` only when it writes over the convolution's result, not over the
+// other operand) of a float32 tensor of the result's sizes.
+struct ResidualAdd {
+  Node* node = nullptr;
+  Argument residual;
+};
+
+ResidualAdd residual_add(Node* conv) {
+  if (conv->users().size() != 1) return {};
+  Node* add = conv->users()[0];
+  const bool in_place = is_call_of(add, "aten::add_", "Tensor");
+  if (!in_place && !is_call_of(add, "aten::add", "Tensor")) return {};
+  const ArgumentList& a = add->args();
+  if (!add->kwargs().empty() || a.size() < 2 || a.size() > 3 || !a[0].is_node() || !a[1].is_node()) return {};
+  if (a.size() == 3 && !((a[2].is_int() && a[2].to_int() == 1) || (a[2].is_double() && a[2].to_double() == 1.0))) {
+    return {};
+  }
+  if (a[0].to_node() == a[1].to_node() || (in_place && a[0].to_node() != conv)) return {};
+  const Argument& other = a[0].to_node() == conv ? a[1] : a[0];
+  const ValueMeta& r = other.to_node()->meta().val;
+  const ValueMeta& y = conv->meta().val;
+  if (r.kind != ValueKind::Tensor || y.kind != ValueKind::Tensor) return {};
+  const TensorMeta& rt = r.tensors[0];
+  if (rt.dtype != at::kFloat || !rt.device.is_cpu() || rt.sizes != y.tensors[0].sizes) return {};
+  return {add, other};
 }
 
 // Whether `n` reads its arguments' strides, not only their values: a view
@@ -132,7 +168,7 @@ class Recorder : public Evaluator {
       needs_contiguous.emplace_back(const_cast<Node*>(&n), const_cast<Node*>(in));
       return c10::IValue(t.contiguous());
     });
-    if (n.target() == kRun || n.target() == kClampRun) {
+    if (n.target() == kConv2dRun || n.target() == kClampRun) {
       const at::Tensor& x = stack.at(0).toTensor();
       if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
         stack[0] = x.contiguous(at::MemoryFormat::ChannelsLast);
@@ -196,13 +232,21 @@ bool prepack_convolutions(GraphModule& gm) {
   }
   for (Node* conv : work_convs) {
     const ArgumentList c = conv->args();
-    // oneDNN fuses a relu only; XNNPACK clamps to a hardtanh's bounds.
+    // oneDNN fuses a relu, or an add then a relu; XNNPACK clamps to a
+    // hardtanh's bounds.
     const FusableClamp fused = fusable_clamp(conv);
     Node* clamp = fused.node != nullptr && !fused.relu && xnnpack_runs() ? fused.node : nullptr;
-    Node* relu = fused.relu || clamp != nullptr ? fused.node : nullptr;
+    Node* relu = fused.relu ? fused.node : nullptr;
+    ResidualAdd add;
+    if (fused.node == nullptr) {
+      add = residual_add(conv);
+      if (add.node != nullptr && fusable_clamp(add.node).relu) relu = add.node->users()[0];
+    }
     stop_requiring_grad(work, c[1]);
     stop_requiring_grad(work, c[2]);
-    auto here = g.inserting_before(conv);
+    // The residual may be computed after the convolution: the fused call
+    // goes where the add was.
+    auto here = g.inserting_before(add.node != nullptr ? add.node : conv);
     Node* pack = nullptr;
     Node* run = nullptr;
     if (clamp != nullptr) {
@@ -211,19 +255,21 @@ bool prepack_convolutions(GraphModule& gm) {
     } else {
       ArgumentList input_size;
       for (int64_t s : c[0].to_node()->meta().val.tensors[0].sizes) input_size.emplace_back(s);
-      pack = g.call_function(kPack, {c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)),
-                                     relu != nullptr ? "relu" : "none"});
-      run = g.call_function(kRun, {c[0], pack});
+      const char* post_op = add.node != nullptr ? (relu != nullptr ? "add_relu" : "add") : (relu != nullptr ? "relu" : "none");
+      pack = g.call_function(kConv2dPrepack, {c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)), post_op});
+      ArgumentList run_args{c[0], pack};
+      if (add.node != nullptr) run_args.push_back(add.residual);
+      run = g.call_function(kConv2dRun, std::move(run_args));
     }
-    run->meta() = (relu != nullptr ? relu : conv)->meta();
+    // The last of the fused nodes: its readers read the fused call now.
+    Node* last = clamp != nullptr ? clamp : relu != nullptr ? relu : add.node != nullptr ? add.node : conv;
+    run->meta() = last->meta();
     pack->meta().stack_trace = conv->meta().stack_trace;
     pack->meta().module_stack = conv->meta().module_stack;
-    if (relu != nullptr) {
-      relu->replace_all_uses_with(run);
-      g.erase(relu);
+    last->replace_all_uses_with(run);
+    for (Node* n : {clamp != nullptr ? clamp : relu, add.node, conv}) {
+      if (n != nullptr) g.erase(n);
     }
-    conv->replace_all_uses_with(run);
-    g.erase(conv);
   }
 
   // What the trace recorded of each tensor, before the run below rewrites it.

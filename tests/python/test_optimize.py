@@ -4,6 +4,9 @@ take XNNPACK's clamped convolution), traced in eval mode, optimized, equal
 to eager within the documented tolerance, through the C++ interpreter, a
 saved file loaded by either loader, and the command; and the refusals."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torchvision
@@ -61,7 +64,7 @@ def test_torchvision_models_optimized_equal_eager(name, make_model, make_inputs,
     if batch_norm in traced:  # folded where a convolution comes first: all, or some (MaxViT)
         assert ops.count(batch_norm) < traced.count(batch_norm)
     if any("convolution" in o for o in traced):
-        assert any(o.startswith(("mkldnn_prepacked.", "prepacked.")) for o in ops), ops
+        assert any(o.startswith(("torchcap.conv2d_run", "prepacked.conv2d")) for o in ops), ops
 
 
 def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
@@ -74,6 +77,40 @@ def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
     assert "aten.hardtanh_.default" not in ops and "aten.hardtanh.default" not in ops
     assert ops.count("prepacked.conv2d_clamp_run.default") == 35  # every conv before a ReLU6
     assert "prepacked.linear_clamp_run.default" in ops  # the 1280 x 1000 classifier
+    # The projections of the blocks with a shortcut take its add.
+    assert "aten.add.Tensor" not in ops and "aten.add_.Tensor" not in ops
+    assert sum(1 for n in fast.graph.nodes if n.target == torch.ops.torchcap.conv2d_run.default
+               and len(n.args) == 3) == 10
+
+
+def test_resnet18s_residual_adds_and_relus_run_inside_the_convolutions():
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        fast = torchcap.optimize_for_inference(torchcap.trace(model, (x,)))
+        assert_close(fast(x), model(x), "optimized")
+    ops = operators(fast)
+    assert ops.count("torchcap.conv2d_run.default") == 20 and ops.count("aten.relu_.default") == 0
+    post_ops = [n.args[7] for n in fast.graph.nodes if n.target == torch.ops.torchcap.conv2d_prepack.default]
+    assert sorted(set(post_ops)) == ["add_relu", "none", "relu"] and post_ops.count("add_relu") == 8
+
+
+def test_without_the_compiled_part_an_optimized_file_is_refused_by_name(tmp_path):
+    model = torchvision.models.resnet18().eval()
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torchcap.save(torchcap.optimize_for_inference(torchcap.trace(model, (x,))), tmp_path / "fast.tcg")
+    # A process where torchcap._C cannot be imported: nothing registers
+    # torchcap's operators there.
+    script = ("import sys; sys.modules['torchcap._C'] = None\n"
+              "import torchcap\n"
+              "try:\n"
+              f"    torchcap.load({str(tmp_path / 'fast.tcg')!r})\n"
+              "except ValueError as e:\n"
+              "    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert "torchcap::conv2d_prepack is one of torchcap's own operators" in out, out
+    assert "torchcap._C, registers" in out and "byte" in out, out
 
 
 def test_exported_and_loaded_modules_and_the_optimize_passes_by_name(tmp_path):
@@ -152,5 +189,5 @@ def test_a_dynamic_graph_gets_every_pass_but_packed_convolutions():
     ops = operators(fast)
     assert "aten.native_batch_norm.default" not in ops  # folded
     # oneDNN's packing takes the input's sizes; XNNPACK's linear layer does not.
-    assert not any(o.startswith(("mkldnn_prepacked.", "prepacked.conv2d")) for o in ops)
+    assert not any(o.startswith(("torchcap.conv2d", "prepacked.conv2d")) for o in ops)
     assert "prepacked.linear_clamp_run.default" in ops
