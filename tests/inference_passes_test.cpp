@@ -394,28 +394,58 @@ TEST(RemoveNoOps, CallsThatGiveBackTheirInputGoInAGraphThatWritesNothing) {
   EXPECT_EQ(writes.str(), listing);
 }
 
-TEST(PrepackLinears, LargeLinearLayersRunPackedWithTheReluFused) {
+TEST(PrepackLinears, LinearLayersRunPackedWithTheReluFused) {
   torch::manual_seed(0);
   torch::nn::Sequential net(torch::nn::Linear(256, 300), torch::nn::ReLU(), torch::nn::Linear(300, 10));
   net->eval();
   ModuleState state = ModuleState::of(*net);
-  GraphModule gm = torchcap::trace(state, [&net](const std::vector<c10::IValue>& in) {
-    return c10::IValue(net->forward(in[0].toTensor()));
-  }, {torch::randn({2, 256})});
+  auto forward = [&net](const std::vector<c10::IValue>& in) { return c10::IValue(net->forward(in[0].toTensor())); };
+  GraphModule gm = torchcap::trace(state, forward, {torch::randn({2, 256})});
   GraphModule before = gm.clone();
-  if (!detail::xnnpack_runs()) {
-    EXPECT_FALSE(detail::prepack_linears(gm));
-    GTEST_SKIP() << "LibTorch without XNNPACK here";
-  }
   ASSERT_TRUE(detail::prepack_linears(gm));
   gm.lint();
-  EXPECT_EQ(count(gm, "prepacked::linear_clamp_run"), 1u);  // 256 x 300; 300 x 10 is too small to gain
-  EXPECT_EQ(count(gm, "aten::addmm"), 1u);
-  EXPECT_EQ(count(gm, "aten::relu"), 0u);
+  EXPECT_EQ(gm.str(),
+            "# parameter 0.weight: f32[300, 256]\n"
+            "# parameter 0.bias: f32[300]\n"
+            "# parameter 2.weight: f32[10, 300]\n"
+            "# parameter 2.bias: f32[10]\n"
+            "# inputs: (*,)\n"
+            "# outputs: *\n"
+            "graph():\n"
+            "    %ph_0 : f32[2, 256] [users=1] = placeholder[target=ph_0]\n"
+            "    %_0_weight : f32[300, 256] [users=1] = get_attr[target=0.weight]\n"
+            "    %_0_bias : f32[300] [users=1] = get_attr[target=0.bias]\n"
+            "    %linear_prepack : [users=1] = torchcap::linear_prepack(%_0_weight, %_0_bias, [2, 256], 'relu')\n"
+            "    %linear_run : f32[2, 300] [users=1] = torchcap::linear_run(%ph_0, %linear_prepack)\n"
+            "    %_2_weight : f32[10, 300] [users=1] = get_attr[target=2.weight]\n"
+            "    %_2_bias : f32[10] [users=1] = get_attr[target=2.bias]\n"
+            "    %linear_prepack_1 : [users=1] = torchcap::linear_prepack(%_2_weight, %_2_bias, [2, 300], 'none')\n"
+            "    %linear_run_1 : f32[2, 10] [users=1] = torchcap::linear_run(%linear_run, %linear_prepack_1)\n"
+            "    return (%linear_run_1,)\n");
   at::Tensor x = torch::randn({2, 256});
   EXPECT_TRUE(at::allclose(run(gm, {x}), run(before, {x}), 1e-5, 1e-5));
   const std::string bytes = save_to_string(gm);
   EXPECT_TRUE(at::equal(run(load_from_buffer(bytes.data(), bytes.size()), {x}), run(gm, {x})));
+
+  // A dynamic graph: oneDNN's packing takes the batch; XNNPACK's does not,
+  // for the large layer; the small one stays addmm.
+  TraceOptions options;
+  options.dynamic = {DynamicDim{.input = 0, .dim = 0, .name = "batch"}};
+  GraphModule dynamic = torchcap::trace(state, forward, {torch::randn({2, 256})}, options);
+  GraphModule dynamic_before = dynamic.clone();
+  if (!detail::xnnpack_runs()) {
+    EXPECT_FALSE(detail::prepack_linears(dynamic));
+    return;
+  }
+  ASSERT_TRUE(detail::prepack_linears(dynamic));
+  dynamic.lint();
+  EXPECT_EQ(count(dynamic, "prepacked::linear_clamp_run"), 1u);  // 256 x 300; 300 x 10 is too small to gain
+  EXPECT_EQ(count(dynamic, "aten::addmm"), 1u);
+  EXPECT_EQ(count(dynamic, "aten::relu"), 0u);
+  for (int64_t batch : {3, 5}) {
+    at::Tensor y = torch::randn({batch, 256});
+    EXPECT_TRUE(at::allclose(run(dynamic, {y}), run(dynamic_before, {y}), 1e-5, 1e-5)) << batch;
+  }
 }
 
 TEST(PrepackConvolutions, AHardtanhAfterAConvolutionIsClampedByXnnpack) {

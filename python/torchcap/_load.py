@@ -288,7 +288,7 @@ class _Reader(_TcgFile):
             if ns in ("aten", "prim", "prims"):
                 self.fail(offset, f"{label}call_function: no operator {target} is registered")
             if ns == "torchcap":
-                # Note [torchcap's packed convolution] in src/kernels/onednn_conv.h
+                # Note [torchcap's packed convolution] in src/kernels/onednn.h
                 self.fail(offset, f"{label}call_function: {target} is one of torchcap's own "
                                   "operators (a graph optimized for inference), which its compiled "
                                   "part, torchcap._C, registers; this Python reader runs without it")

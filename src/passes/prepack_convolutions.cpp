@@ -10,7 +10,7 @@
 //                                 groups, input_size, "add_relu")
 //   %y = torchcap::conv2d_run(%x, %w, %shortcut)
 //
-// (Note [torchcap's packed convolution] in kernels/onednn_conv.h: oneDNN,
+// (Note [torchcap's packed convolution] in kernels/onednn.h: oneDNN,
 // by Winograd's algorithm where it wins.) The packing reads attributes only,
 // so the interpreter computes it once (Note [Views of attributes, computed
 // once] in runtime/plan_passes/fold_views.cpp). What follows the
@@ -52,7 +52,7 @@
 #include <torchcap/evaluator.h>
 
 #include "graph/operator_facts.h"
-#include "kernels/onednn_conv.h"
+#include "kernels/onednn.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

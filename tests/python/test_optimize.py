@@ -76,7 +76,7 @@ def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
     ops = operators(fast)
     assert "aten.hardtanh_.default" not in ops and "aten.hardtanh.default" not in ops
     assert ops.count("prepacked.conv2d_clamp_run.default") == 35  # every conv before a ReLU6
-    assert "prepacked.linear_clamp_run.default" in ops  # the 1280 x 1000 classifier
+    assert "torchcap.linear_run.default" in ops  # the 1280 x 1000 classifier
     # The projections of the blocks with a shortcut take its add.
     assert "aten.add.Tensor" not in ops and "aten.add_.Tensor" not in ops
     assert sum(1 for n in fast.graph.nodes if n.target == torch.ops.torchcap.conv2d_run.default

@@ -1,15 +1,18 @@
-// torchcap::conv2d_prepack and torchcap::conv2d_run (Note [torchcap's packed
-// convolution], src/kernels/onednn_conv.h): equal to LibTorch's convolution
-// (and the add and relu they fuse) within docs/optimize.md's tolerance, by
-// Winograd and by the direct algorithm, from either layout and from several
-// threads at once; and a clear error for what they cannot take.
-#include "kernels/onednn_conv.h"
+// torchcap's oneDNN operators (src/kernels/onednn.h): conv2d_prepack /
+// conv2d_run (Note [torchcap's packed convolution]) equal to LibTorch's
+// convolution (and the add and relu they fuse) within docs/optimize.md's
+// tolerance, by Winograd and by the direct algorithm, from either layout and
+// from several threads at once; linear_prepack / linear_run (Note
+// [torchcap's packed linear layer]) equal to a linear layer and its relu;
+// and a clear error for what they cannot take.
+#include "kernels/onednn.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <thread>
 #include <vector>
@@ -160,6 +163,40 @@ TEST(OnednnConv, WhatItCannotTakeIsAnErrorThatSaysWhat) {
   too_small.size = 1;
   too_small.padding = 0;
   expect_error([&] { pack(too_small, weight, bias, 1, "none"); }, "no output for input_size [1, 32, 1, 1]");
+}
+
+TEST(OnednnLinear, EqualsALinearLayerAndItsRelu) {
+  at::manual_seed(0);
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{1, 64, 64}, {10, 32, 48}, {3, 1280, 1000}}) {
+    const at::Tensor weight = at::randn({n, k}) * 0.1;
+    const at::Tensor bias = at::randn({n});
+    const at::Tensor x = at::randn({k, m}).t();  // not contiguous
+    for (const bool with_bias : {true, false}) {
+      for (const std::string post_op : {"none", "relu"}) {
+        const c10::IValue packed = call(detail::kLinearPrepack, {weight, with_bias ? c10::IValue(bias) : c10::IValue(),
+                                                                std::vector<int64_t>{m, k}, post_op});
+        at::Tensor want = at::linear(x, weight, with_bias ? bias : at::Tensor());
+        if (post_op == "relu") want = want.relu();
+        expect_close(call(detail::kLinearRun, {x, packed}).toTensor(), want,
+                     std::to_string(m) + "x" + std::to_string(k) + "->" + std::to_string(n) + " " + post_op);
+      }
+    }
+  }
+}
+
+TEST(OnednnLinear, WhatItCannotTakeIsAnErrorThatSaysWhat) {
+  const at::Tensor weight = at::randn({8, 4});
+  auto pack = [&](const at::Tensor& w, const c10::IValue& bias, std::vector<int64_t> size, const std::string& post_op) {
+    return call(detail::kLinearPrepack, {w, bias, std::move(size), post_op});
+  };
+  const c10::IValue packed = pack(weight, c10::IValue(), {2, 4}, "none");
+  expect_error([&] { call(detail::kLinearRun, {at::randn({3, 4}), packed}); },
+               "packed for a float32 CPU input of sizes [2, 4], got Float [3, 4]");
+  expect_error([&] { pack(weight, c10::IValue(), {2, 5}, "none"); }, "input_size must be [M, 4] for this weight, got [2, 5]");
+  expect_error([&] { pack(weight, at::randn({7}), {2, 4}, "none"); }, "the bias must be a float32 CPU tensor of 8 elements");
+  expect_error([&] { pack(weight, c10::IValue(), {2, 4}, "gelu"); }, "post_op must be 'none' or 'relu', got 'gelu'");
+  expect_error([&] { pack(at::randn({8}), c10::IValue(), {2, 4}, "none"); },
+               "the weight must be a non-empty 2-D float32 CPU tensor, got sizes [8]");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// torchcap::conv2d_prepack and torchcap::conv2d_run (Note [torchcap's packed
-// convolution] in onednn_conv.h).
-#include "kernels/onednn_conv.h"
+// torchcap's oneDNN operators: conv2d_prepack / conv2d_run (Note [torchcap's
+// packed convolution]) and linear_prepack / linear_run (Note [torchcap's
+// packed linear layer]), both in onednn.h.
+#include "kernels/onednn.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/irange.h>
@@ -233,6 +234,95 @@ at::Tensor PackedConv2d::run(const at::Tensor& x, const c10::optional<at::Tensor
   return out;
 }
 
+class PackedLinear : public torch::CustomClassHolder {
+ public:
+  PackedLinear(const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+               const std::vector<int64_t>& input_size, const std::string& post_op)
+      : input_size_(input_size) {
+    TORCH_CHECK(weight.dim() == 2 && weight.numel() > 0 && weight.scalar_type() == at::kFloat &&
+                    weight.device().is_cpu(),
+                "torchcap::linear_prepack: the weight must be a non-empty 2-D float32 CPU tensor, got sizes ",
+                weight.sizes(), " ", weight.scalar_type(), " on ", weight.device());
+    const int64_t n = weight.size(0);
+    const int64_t k = weight.size(1);
+    TORCH_CHECK(input_size.size() == 2 && input_size[0] >= 1 && input_size[1] == k,
+                "torchcap::linear_prepack: input_size must be [M, ", k, "] for this weight, got ",
+                c10::IntArrayRef(input_size));
+    TORCH_CHECK(post_op == "none" || post_op == "relu",
+                "torchcap::linear_prepack: post_op must be 'none' or 'relu', got '", post_op, "'");
+    if (bias.has_value() && bias->defined()) {
+      TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n && bias->scalar_type() == at::kFloat &&
+                      bias->device().is_cpu(),
+                  "torchcap::linear_prepack: the bias must be a float32 CPU tensor of ", n,
+                  " elements, got sizes ", bias->sizes(), " ", bias->scalar_type());
+      bias_ = bias->detach().contiguous().clone();
+      bias_md_ = memory::desc({n}, memory::data_type::f32, Tag::x);
+    }
+    output_size_ = {input_size[0], n};
+    src_md_ = memory::desc(dims_of(input_size_), memory::data_type::f32, Tag::nc);
+    dst_md_ = memory::desc(dims_of(output_size_), memory::data_type::f32, Tag::nc);
+    const memory::desc any_weight({n, k}, memory::data_type::f32, Tag::any);
+    dnnl::primitive_attr attr;
+    if (post_op == "relu") {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+      attr.set_post_ops(ops);
+    }
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const auto d = bias_.defined()
+                       ? dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_inference, src_md_, any_weight,
+                                                           bias_md_, dst_md_)
+                       : dnnl::inner_product_forward::desc(dnnl::prop_kind::forward_inference, src_md_, any_weight,
+                                                           dst_md_);
+    const dnnl::inner_product_forward::primitive_desc pd(d, attr, cpu_engine());
+    scratchpad_md_ = pd.scratchpad_desc();
+    product_ = dnnl::inner_product_forward(pd);
+    const at::Tensor w = weight.detach().contiguous();
+    memory user(memory::desc({n, k}, memory::data_type::f32, Tag::oi), cpu_engine(), w.data_ptr());
+    weights_ = memory(pd.weights_desc(), cpu_engine());
+    dnnl::stream stream(cpu_engine());
+    dnnl::reorder(user, weights_).execute(stream, user, weights_);
+    stream.wait();
+  }
+
+  at::Tensor run(const at::Tensor& x) const {
+    TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.sizes().equals(input_size_),
+                "torchcap::linear_run: the layer was packed for a float32 CPU input of sizes ",
+                c10::IntArrayRef(input_size_), ", got ", x.scalar_type(), " ", x.sizes(), " on ", x.device());
+    static thread_local ThreadBuffers buffers;
+    static thread_local dnnl::stream stream(cpu_engine());
+    const at::Tensor in = x.contiguous();
+    at::Tensor out = at::empty(output_size_, x.options());
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(src_md_, cpu_engine(), in.data_ptr())},
+                                         {DNNL_ARG_WEIGHTS, weights_},
+                                         {DNNL_ARG_DST, memory(dst_md_, cpu_engine(), out.data_ptr())}};
+    if (bias_.defined()) args.emplace(DNNL_ARG_BIAS, memory(bias_md_, cpu_engine(), bias_.data_ptr()));
+    if (scratchpad_md_.get_size() > 0) {
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   memory(scratchpad_md_, cpu_engine(), grown(buffers.scratchpad, scratchpad_md_.get_size())));
+    }
+    product_.execute(stream, args);
+    stream.wait();
+    return out;
+  }
+
+ private:
+  std::vector<int64_t> input_size_, output_size_;
+  memory::desc src_md_, dst_md_, bias_md_, scratchpad_md_;
+  dnnl::inner_product_forward product_;
+  memory weights_;
+  at::Tensor bias_;
+};
+
+c10::intrusive_ptr<PackedLinear> linear_prepack(const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                                                std::vector<int64_t> input_size, std::string post_op) {
+  return c10::make_intrusive<PackedLinear>(weight, bias, input_size, post_op);
+}
+
+at::Tensor linear_run(const at::Tensor& x, const c10::intrusive_ptr<PackedLinear>& packed) {
+  return packed->run(x);
+}
+
 c10::intrusive_ptr<PackedConv2d> conv2d_prepack(const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                                 std::vector<int64_t> stride, std::vector<int64_t> padding,
                                                 std::vector<int64_t> dilation, int64_t groups,
@@ -253,6 +343,11 @@ TORCH_LIBRARY(torchcap, m) {
   m.def("conv2d_run(Tensor input, __torch__.torch.classes.torchcap.Conv2dPacked packed, Tensor? residual=None) "
         "-> Tensor",
         conv2d_run);
+  m.class_<PackedLinear>("LinearPacked");
+  m.def("linear_prepack(Tensor weight, Tensor? bias, int[2] input_size, str post_op) "
+        "-> __torch__.torch.classes.torchcap.LinearPacked",
+        linear_prepack);
+  m.def("linear_run(Tensor input, __torch__.torch.classes.torchcap.LinearPacked packed) -> Tensor", linear_run);
 }
 
 }  // namespace

@@ -35,6 +35,20 @@
 // wherever libtorchcap is loaded (the command, the C++ library, Python's
 // torchcap._C); a reader without it (the pure-Python loader alone) refuses
 // such a file and says why.
+// Note [torchcap's packed linear layer]
+// A linear layer traced as addmm(bias, x, t(weight)) runs through OpenBLAS
+// from the transposed weight at every call, and a relu after it is a second
+// call. oneDNN's inner product packs the weight once and applies the relu
+// as it writes the result:
+//
+//   %w = torchcap::linear_prepack(%weight, %bias, input_size, post_op)
+//   %y = torchcap::linear_run(%x, %w)
+//
+// post_op is "none" or "relu"; x is 2-D, of the packed input_size. Measured
+// per layer in C++, one thread, with its relu (docs/benchmarks.md): 64 x 64
+// at batch 1, 1.5 us against addmm's 3.3 and XNNPACK's 2.1; 1280 x 1000,
+// 67 us against 389 and 103; 768 x 3072 at batch 32, 0.80 ms against 2.0
+// and 1.08.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -46,6 +60,8 @@ namespace detail {
 
 inline constexpr const char* kConv2dPrepack = "torchcap::conv2d_prepack";
 inline constexpr const char* kConv2dRun = "torchcap::conv2d_run";
+inline constexpr const char* kLinearPrepack = "torchcap::linear_prepack";
+inline constexpr const char* kLinearRun = "torchcap::linear_run";
 
 // Whether this machine runs `torchcap::conv2d_run` by Winograd for a 3x3,
 // stride-1 convolution of `channels` to `channels` (oneDNN offers it).
