@@ -184,6 +184,30 @@ TEST(OnednnLinear, EqualsALinearLayerAndItsRelu) {
   }
 }
 
+// A call reuses the layer's memory objects when no other thread runs it,
+// and makes its own when one does: both give what calls in turn do.
+TEST(OnednnLinear, CallsFromSeveralThreadsAtOnce) {
+  at::manual_seed(0);
+  const c10::IValue packed = call(detail::kLinearPrepack, {at::randn({64, 64}), at::randn({64}),
+                                                          std::vector<int64_t>{1, 64}, std::string("relu")});
+  std::vector<at::Tensor> inputs, want;
+  for (int i = 0; i < 4; ++i) {
+    inputs.push_back(at::randn({1, 64}));
+    want.push_back(call(detail::kLinearRun, {inputs[i], packed}).toTensor());
+  }
+  std::vector<char> same(4, 1);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 2000; ++k) {
+        if (!at::equal(call(detail::kLinearRun, {inputs[i], packed}).toTensor(), want[i])) same[i] = 0;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(same[i]) << i;
+}
+
 TEST(OnednnLinear, WhatItCannotTakeIsAnErrorThatSaysWhat) {
   const at::Tensor weight = at::randn({8, 4});
   auto pack = [&](const at::Tensor& w, const c10::IValue& bias, std::vector<int64_t> size, const std::string& post_op) {

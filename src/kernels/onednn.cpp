@@ -11,6 +11,7 @@
 #include <dnnl.hpp>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -293,20 +294,39 @@ class PackedLinear : public torch::CustomClassHolder {
     static thread_local dnnl::stream stream(cpu_engine());
     const at::Tensor in = x.contiguous();
     at::Tensor out = at::empty(output_size_, x.options());
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(src_md_, cpu_engine(), in.data_ptr())},
-                                         {DNNL_ARG_WEIGHTS, weights_},
-                                         {DNNL_ARG_DST, memory(dst_md_, cpu_engine(), out.data_ptr())}};
-    if (bias_.defined()) args.emplace(DNNL_ARG_BIAS, memory(bias_md_, cpu_engine(), bias_.data_ptr()));
-    if (scratchpad_md_.get_size() > 0) {
-      args.emplace(DNNL_ARG_SCRATCHPAD,
-                   memory(scratchpad_md_, cpu_engine(), grown(buffers.scratchpad, scratchpad_md_.get_size())));
+    void* scratchpad = grown(buffers.scratchpad, scratchpad_md_.get_size());
+    // A small layer's call costs about what its arithmetic does: the call
+    // reuses the layer's memory objects and argument map, pointed at this
+    // call's tensors, when no other thread is running it; else makes its own.
+    std::unique_lock<std::mutex> own(cached_.mutex, std::try_to_lock);
+    if (own.owns_lock()) {
+      if (cached_.args.empty()) cached_.args = arguments(in, out, scratchpad);
+      cached_.args.at(DNNL_ARG_SRC).set_data_handle(in.data_ptr());
+      cached_.args.at(DNNL_ARG_DST).set_data_handle(out.data_ptr());
+      if (scratchpad != nullptr) cached_.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(scratchpad);
+      product_.execute(stream, cached_.args);
+    } else {
+      product_.execute(stream, arguments(in, out, scratchpad));
     }
-    product_.execute(stream, args);
     stream.wait();
     return out;
   }
 
  private:
+  std::unordered_map<int, memory> arguments(const at::Tensor& in, const at::Tensor& out, void* scratchpad) const {
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(src_md_, cpu_engine(), in.data_ptr())},
+                                         {DNNL_ARG_WEIGHTS, weights_},
+                                         {DNNL_ARG_DST, memory(dst_md_, cpu_engine(), out.data_ptr())}};
+    if (bias_.defined()) args.emplace(DNNL_ARG_BIAS, memory(bias_md_, cpu_engine(), bias_.data_ptr()));
+    if (scratchpad != nullptr) args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratchpad_md_, cpu_engine(), scratchpad));
+    return args;
+  }
+
+  struct Cached {
+    std::mutex mutex;
+    std::unordered_map<int, memory> args;
+  };
+  mutable Cached cached_;
   std::vector<int64_t> input_size_, output_size_;
   memory::desc src_md_, dst_md_, bias_md_, scratchpad_md_;
   dnnl::inner_product_forward product_;
