@@ -158,6 +158,25 @@ GraphModule trace_two_convs(const std::shared_ptr<TwoConvsImpl>& m, at::Tensor x
   }, {std::move(x)});
 }
 
+// A rewritten graph against the graph before, on inputs of `sizes`: run
+// plainly, with its memory planned, and loaded from its file (which holds the
+// unpacked weights and the packing as a node).
+void expect_runs_as_before(const GraphModule& gm, const GraphModule& before, std::vector<int64_t> sizes) {
+  InterpreterOptions planned;
+  planned.plan_memory = true;
+  const std::string bytes = save_to_string(gm);
+  Interpreter packed(gm), packed_planned(gm, planned), unpacked(before),
+      loaded(load_from_buffer(bytes.data(), bytes.size()));
+  for (uint64_t seed : {1, 2}) {
+    torch::manual_seed(seed);
+    at::Tensor x = torch::randn(sizes);
+    at::Tensor got = packed.run({x}).toTensor();
+    EXPECT_TRUE(at::allclose(got, unpacked.run({x}).toTensor(), 1e-5, 1e-5)) << seed;
+    EXPECT_TRUE(at::equal(packed_planned.run({x}).toTensor(), got)) << seed;
+    EXPECT_TRUE(at::equal(loaded.run({x}).toTensor(), got)) << seed;
+  }
+}
+
 TEST(PrepackConvolutions, ConvolutionsRunPackedWithTheReluFused) {
   torch::manual_seed(0);
   auto m = std::make_shared<TwoConvsImpl>();
@@ -192,20 +211,7 @@ TEST(PrepackConvolutions, ConvolutionsRunPackedWithTheReluFused) {
       EXPECT_EQ(t.strides[1], 1) << n->name();
     }
   }
-  InterpreterOptions planned;
-  planned.plan_memory = true;
-  Interpreter packed(gm), packed_planned(gm, planned), unpacked(before);
-  for (uint64_t seed : {1, 2}) {
-    torch::manual_seed(seed);
-    at::Tensor x = torch::randn({2, 3, 8, 8});
-    at::Tensor want = unpacked.run({x}).toTensor();
-    at::Tensor got = packed.run({x}).toTensor();
-    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << seed;
-    EXPECT_TRUE(at::equal(packed_planned.run({x}).toTensor(), got)) << seed;
-    // The file holds the unpacked weights and the two operators.
-    const std::string bytes = save_to_string(gm);
-    EXPECT_TRUE(at::equal(Interpreter(load_from_buffer(bytes.data(), bytes.size())).run({x}).toTensor(), got));
-  }
+  expect_runs_as_before(gm, before, {2, 3, 8, 8});
   EXPECT_FALSE(detail::prepack_convolutions(gm));  // nothing left to pack
 }
 
@@ -245,20 +251,7 @@ TEST(PrepackConvolutions, AResidualAddAndItsReluRunInsideTheConvolution) {
             "    %conv2d_run : f32[1, 8, 8, 8] [users=1] = torchcap::conv2d_run(%clone_1, %conv2d_prepack, "
             "%conv2d_run_1)\n"
             "    return (%conv2d_run,)\n");
-  InterpreterOptions planned;
-  planned.plan_memory = true;
-  Interpreter packed(gm), packed_planned(gm, planned), unpacked(before);
-  for (uint64_t seed : {1, 2}) {
-    torch::manual_seed(seed);
-    at::Tensor x = torch::randn({1, 3, 8, 8});
-    at::Tensor want = unpacked.run({x}).toTensor();
-    at::Tensor got = packed.run({x}).toTensor();
-    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-5)) << seed;
-    EXPECT_TRUE(at::equal(packed_planned.run({x}).toTensor(), got)) << seed;
-  }
-  const std::string bytes = save_to_string(gm);
-  at::Tensor x = torch::randn({1, 3, 8, 8});
-  EXPECT_TRUE(at::equal(run(load_from_buffer(bytes.data(), bytes.size()), {x}), run(gm, {x})));
+  expect_runs_as_before(gm, before, {1, 3, 8, 8});
 }
 
 // An add that writes over its other operand (the shortcut), or adds the

@@ -67,13 +67,16 @@ def test_torchvision_models_optimized_equal_eager(name, make_model, make_inputs,
         assert any(o.startswith(("torchcap.conv2d_run", "prepacked.conv2d")) for o in ops), ops
 
 
-def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
-    model = torchvision.models.mobilenet_v2().eval()
-    x = torch.randn(2, 3, 64, 64)
+def optimized_and_checked(model, x):
+    """model's graph, optimized and equal to eager on x; and its operators."""
     with torch.no_grad():
-        fast = torchcap.optimize_for_inference(torchcap.trace(model, (x,)))
+        fast = torchcap.optimize_for_inference(torchcap.trace(model.eval(), (x,)))
         assert_close(fast(x), model(x), "optimized")
-    ops = operators(fast)
+    return fast, operators(fast)
+
+
+def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
+    fast, ops = optimized_and_checked(torchvision.models.mobilenet_v2(), torch.randn(2, 3, 64, 64))
     assert "aten.hardtanh_.default" not in ops and "aten.hardtanh.default" not in ops
     assert ops.count("prepacked.conv2d_clamp_run.default") == 35  # every conv before a ReLU6
     assert "torchcap.linear_run.default" in ops  # the 1280 x 1000 classifier
@@ -84,12 +87,7 @@ def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
 
 
 def test_resnet18s_residual_adds_and_relus_run_inside_the_convolutions():
-    model = torchvision.models.resnet18().eval()
-    x = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        fast = torchcap.optimize_for_inference(torchcap.trace(model, (x,)))
-        assert_close(fast(x), model(x), "optimized")
-    ops = operators(fast)
+    fast, ops = optimized_and_checked(torchvision.models.resnet18(), torch.randn(1, 3, 64, 64))
     assert ops.count("torchcap.conv2d_run.default") == 20 and ops.count("aten.relu_.default") == 0
     post_ops = [n.args[7] for n in fast.graph.nodes if n.target == torch.ops.torchcap.conv2d_prepack.default]
     assert sorted(set(post_ops)) == ["add_relu", "none", "relu"] and post_ops.count("add_relu") == 8
