@@ -441,7 +441,7 @@ TEST(PrepackLinears, LinearLayersRunPackedWithTheReluFused) {
   }
 }
 
-TEST(PrepackConvolutions, AHardtanhAfterAConvolutionIsClampedByXnnpack) {
+TEST(PrepackConvolutions, AHardtanhAfterAConvolutionRunsInsideIt) {
   torch::manual_seed(0);
   auto m = std::make_shared<TwoConvsImpl>();
   ModuleState state = ModuleState::of(*m);
@@ -451,15 +451,13 @@ TEST(PrepackConvolutions, AHardtanhAfterAConvolutionIsClampedByXnnpack) {
   GraphModule before = gm.clone();
   ASSERT_TRUE(detail::prepack_convolutions(gm));
   gm.lint();
-  if (detail::xnnpack_runs()) {
-    EXPECT_EQ(count(gm, "prepacked::conv2d_clamp_run"), 1u);
-    EXPECT_EQ(count(gm, "aten::hardtanh"), 0u);
-  } else {
-    EXPECT_EQ(count(gm, "aten::hardtanh"), 1u);
-  }
-  EXPECT_EQ(count(gm, "torchcap::conv2d_run"), 1u);
-  at::Tensor x = torch::randn({1, 3, 8, 8});
-  EXPECT_TRUE(at::allclose(run(gm, {x}), run(before, {x}), 1e-5, 1e-5));
+  EXPECT_EQ(count(gm, "aten::hardtanh"), 0u);
+  EXPECT_EQ(count(gm, "torchcap::conv2d_run"), 2u);
+  EXPECT_NE(gm.str().find("torchcap::conv2d_prepack(%a_weight, None, [1, 1], [1, 1], [1, 1], 1, [1, 3, 8, 8], "
+                          "'hardtanh', 0.0, 6.0)"),
+            std::string::npos)
+      << gm.str();
+  expect_runs_as_before(gm, before, {1, 3, 8, 8});
 }
 
 TEST(OptimizeForInference, RefusesAGraphThatUpdatesItsBuffers) {

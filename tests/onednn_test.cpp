@@ -43,12 +43,18 @@ c10::IValue call(const char* name, std::vector<c10::IValue> stack) {
   return stack.at(0);
 }
 
+// A "hardtanh" post-op clamps to [-0.5, 1.5] unless bounds are given.
 c10::IValue pack(const Case& c, const at::Tensor& weight, const at::Tensor& bias, int64_t batch,
-                 const std::string& post_op) {
+                 const std::string& post_op, c10::IValue clamp_min = c10::IValue(),
+                 c10::IValue clamp_max = c10::IValue()) {
+  if (post_op == "hardtanh" && clamp_min.isNone() && clamp_max.isNone()) {
+    clamp_min = -0.5;
+    clamp_max = 1.5;
+  }
   return call(detail::kConv2dPrepack,
               {weight, c.bias ? c10::IValue(bias) : c10::IValue(), std::vector<int64_t>{c.stride, c.stride},
                std::vector<int64_t>{c.padding, c.padding}, std::vector<int64_t>{c.dilation, c.dilation}, c.groups,
-               std::vector<int64_t>{batch, c.in_channels, c.size, c.size}, post_op});
+               std::vector<int64_t>{batch, c.in_channels, c.size, c.size}, post_op, clamp_min, clamp_max});
 }
 
 at::Tensor run(const at::Tensor& x, const c10::IValue& packed, const c10::IValue& residual = c10::IValue()) {
@@ -72,10 +78,11 @@ TEST(OnednnConv, EqualsLibTorchsConvolutionWithEachPostOp) {
       const at::Tensor conv = at::conv2d(x, weight, c.bias ? bias : at::Tensor(), {c.stride, c.stride},
                                          {c.padding, c.padding}, {c.dilation, c.dilation}, c.groups);
       const at::Tensor residual = at::randn_like(conv);
-      for (const std::string post_op : {"none", "relu", "add", "add_relu"}) {
+      for (const std::string post_op : {"none", "relu", "hardtanh", "add", "add_relu"}) {
         const bool add = post_op.rfind("add", 0) == 0;
         at::Tensor want = add ? conv + residual : conv;
         if (post_op.find("relu") != std::string::npos) want = want.relu();
+        if (post_op == "hardtanh") want = want.clamp(-0.5, 1.5);
         const c10::IValue packed = pack(c, weight, bias, batch, post_op);
         const std::string what = std::string(c.what) + ", batch " + std::to_string(batch) + ", " + post_op;
         // The input and the residual in either layout; the result channels-last.
@@ -152,7 +159,13 @@ TEST(OnednnConv, WhatItCannotTakeIsAnErrorThatSaysWhat) {
   expect_error([&] { run(x, plain, at::randn({1, 32, 14, 14})); }, "a residual was given to a convolution packed without");
   expect_error([&] { run(x, with_add, at::randn({1, 32, 7, 7})); },
                "the residual must be a float32 CPU tensor of the result's sizes [1, 32, 14, 14], got Float [1, 32, 7, 7]");
-  expect_error([&] { pack(c, weight, bias, 1, "gelu"); }, "post_op must be 'none', 'relu', 'add' or 'add_relu', got 'gelu'");
+  expect_error([&] { pack(c, weight, bias, 1, "gelu"); },
+               "post_op must be 'none', 'relu', 'add', 'add_relu' or 'hardtanh', got 'gelu'");
+  expect_error([&] { pack(c, weight, bias, 1, "relu", 0.0, 6.0); },
+               "clamp_min and clamp_max are given with post_op 'hardtanh', and only then");
+  expect_error([&] { pack(c, weight, bias, 1, "hardtanh", 0.0); },
+               "clamp_min and clamp_max are given with post_op 'hardtanh', and only then");
+  expect_error([&] { pack(c, weight, bias, 1, "hardtanh", 6.0, 0.0); }, "clamp_min 6 is above clamp_max 0");
   expect_error([&] { pack(c, at::randn({32, 32, 3}), bias, 1, "none"); }, "the weight must be a non-empty 4-D float32 CPU tensor, got sizes [32, 32, 3]");
   expect_error([&] { pack(c, weight, at::randn({31}), 1, "none"); }, "the bias must be a float32 CPU tensor of 32 elements");
   Case wrong_channels = c;

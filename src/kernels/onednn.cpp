@@ -51,7 +51,8 @@ class PackedConv2d : public torch::CustomClassHolder {
  public:
   PackedConv2d(const at::Tensor& weight, const c10::optional<at::Tensor>& bias, const std::vector<int64_t>& stride,
                const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-               const std::vector<int64_t>& input_size, const std::string& post_op);
+               const std::vector<int64_t>& input_size, const std::string& post_op,
+               c10::optional<double> clamp_min, c10::optional<double> clamp_max);
 
   at::Tensor run(const at::Tensor& x, const c10::optional<at::Tensor>& residual) const;
   std::string algorithm() const { return blocked_ ? "winograd" : "direct"; }
@@ -60,6 +61,20 @@ class PackedConv2d : public torch::CustomClassHolder {
   // The convolution with `algorithm` and src/dst in `layout`, or nothing
   // when oneDNN has no implementation of it here.
   c10::optional<dnnl::convolution_forward::primitive_desc> describe(dnnl::algorithm algorithm, Tag layout) const;
+
+  // oneDNN memory objects for a call: the activations' (channels-last),
+  // the blocked ones (Winograd), and the convolution's arguments, which
+  // share them. Handles are set at each call.
+  struct Memories {
+    memory nhwc_src, nhwc_dst, nhwc_residual, src, dst;
+    std::unordered_map<int, memory> args;
+  };
+  Memories memories() const;
+  struct Cached {
+    std::mutex mutex;
+    Memories memories;
+  };
+  mutable Cached cached_;
 
   std::vector<int64_t> input_size_, output_size_;
   memory::dims weight_dims_, stride_, dilation_, padding_;
@@ -82,7 +97,8 @@ void check_pair(const std::vector<int64_t>& v, const char* what) {
 PackedConv2d::PackedConv2d(const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                            const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
                            const std::vector<int64_t>& dilation, int64_t groups,
-                           const std::vector<int64_t>& input_size, const std::string& post_op)
+                           const std::vector<int64_t>& input_size, const std::string& post_op,
+                           c10::optional<double> clamp_min, c10::optional<double> clamp_max)
     : input_size_(input_size) {
   TORCH_CHECK(weight.dim() == 4 && weight.numel() > 0 && weight.scalar_type() == at::kFloat &&
                   weight.device().is_cpu(),
@@ -98,9 +114,14 @@ PackedConv2d::PackedConv2d(const at::Tensor& weight, const c10::optional<at::Ten
               "torchcap::conv2d_prepack: input_size must be [N, C, H, W] with C = ", weight.size(1) * groups,
               " for this weight and groups, got ", c10::IntArrayRef(input_size));
   const bool relu = post_op == "relu" || post_op == "add_relu";
+  const bool clamp = post_op == "hardtanh";
   add_ = post_op == "add" || post_op == "add_relu";
-  TORCH_CHECK(relu || add_ || post_op == "none", "torchcap::conv2d_prepack: post_op must be 'none', 'relu', "
-              "'add' or 'add_relu', got '", post_op, "'");
+  TORCH_CHECK(relu || add_ || clamp || post_op == "none", "torchcap::conv2d_prepack: post_op must be 'none', "
+              "'relu', 'add', 'add_relu' or 'hardtanh', got '", post_op, "'");
+  TORCH_CHECK(clamp == (clamp_min.has_value() && clamp_max.has_value()) && (clamp || !clamp_min && !clamp_max),
+              "torchcap::conv2d_prepack: clamp_min and clamp_max are given with post_op 'hardtanh', and only then");
+  TORCH_CHECK(!clamp || *clamp_min <= *clamp_max, "torchcap::conv2d_prepack: clamp_min ", *clamp_min,
+              " is above clamp_max ", *clamp_max);
   const int64_t oc = weight.size(0);
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == oc && bias->scalar_type() == at::kFloat &&
@@ -130,6 +151,10 @@ PackedConv2d::PackedConv2d(const at::Tensor& weight, const c10::optional<at::Ten
   dnnl::post_ops ops;
   if (add_) ops.append_sum(1.0f);
   if (relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  if (clamp) {
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_clip, static_cast<float>(*clamp_min),
+                       static_cast<float>(*clamp_max));
+  }
   attr_.set_post_ops(ops);
   attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // Note: thread buffers; calls may run concurrently
   weight_md_ = memory::desc(weight_dims_, memory::data_type::f32, Tag::any);
@@ -204,35 +229,56 @@ at::Tensor PackedConv2d::run(const at::Tensor& x, const c10::optional<at::Tensor
   static thread_local dnnl::stream stream(cpu_engine());
   const at::Tensor in = x.contiguous(at::MemoryFormat::ChannelsLast);
   at::Tensor out = at::empty(output_size_, x.options().memory_format(at::MemoryFormat::ChannelsLast));
-  memory nhwc_src(nhwc_src_md_, cpu_engine(), in.data_ptr());
-  memory nhwc_dst(nhwc_dst_md_, cpu_engine(), out.data_ptr());
-  std::unordered_map<int, memory> args{{DNNL_ARG_WEIGHTS, weights_}};
-  if (bias_.defined()) args.emplace(DNNL_ARG_BIAS, memory(bias_md_, cpu_engine(), bias_.data_ptr()));
+  // The convolution's memory objects, pointed at this call's memory: its
+  // own when no other thread is running it (as the linear layer's), else
+  // made for this call.
+  std::unique_lock<std::mutex> own(cached_.mutex, std::try_to_lock);
+  Memories fresh;
+  Memories& m = own.owns_lock() ? cached_.memories : fresh;
+  if (m.args.empty()) m = memories();
+  m.nhwc_src.set_data_handle(in.data_ptr());
+  m.nhwc_dst.set_data_handle(out.data_ptr());
   if (scratchpad_md_.get_size() > 0) {
-    args.emplace(DNNL_ARG_SCRATCHPAD,
-                 memory(scratchpad_md_, cpu_engine(), grown(buffers.scratchpad, scratchpad_md_.get_size())));
+    m.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(grown(buffers.scratchpad, scratchpad_md_.get_size()));
   }
   if (!blocked_) {
     if (add_) out.copy_(*residual);
-    args.emplace(DNNL_ARG_SRC, nhwc_src);
-    args.emplace(DNNL_ARG_DST, nhwc_dst);
-    conv_.execute(stream, args);
+    conv_.execute(stream, m.args);
   } else {
-    memory src(src_md_, cpu_engine(), grown(buffers.src, src_md_.get_size()));
-    memory dst(dst_md_, cpu_engine(), grown(buffers.dst, dst_md_.get_size()));
-    to_src_.execute(stream, nhwc_src, src);
+    m.src.set_data_handle(grown(buffers.src, src_md_.get_size()));
+    m.dst.set_data_handle(grown(buffers.dst, dst_md_.get_size()));
+    to_src_.execute(stream, m.nhwc_src, m.src);
+    at::Tensor r;
     if (add_) {
-      const at::Tensor r = residual->contiguous(at::MemoryFormat::ChannelsLast);
-      memory nhwc_residual(nhwc_dst_md_, cpu_engine(), r.data_ptr());
-      to_dst_.execute(stream, nhwc_residual, dst);
+      r = residual->contiguous(at::MemoryFormat::ChannelsLast);
+      m.nhwc_residual.set_data_handle(r.data_ptr());
+      to_dst_.execute(stream, m.nhwc_residual, m.dst);
     }
-    args.emplace(DNNL_ARG_SRC, src);
-    args.emplace(DNNL_ARG_DST, dst);
-    conv_.execute(stream, args);
-    from_dst_.execute(stream, dst, nhwc_dst);
+    conv_.execute(stream, m.args);
+    from_dst_.execute(stream, m.dst, m.nhwc_dst);
   }
   stream.wait();
   return out;
+}
+
+PackedConv2d::Memories PackedConv2d::memories() const {
+  Memories m;
+  m.nhwc_src = memory(nhwc_src_md_, cpu_engine(), nullptr);
+  m.nhwc_dst = memory(nhwc_dst_md_, cpu_engine(), nullptr);
+  m.nhwc_residual = memory(nhwc_dst_md_, cpu_engine(), nullptr);
+  m.args.emplace(DNNL_ARG_WEIGHTS, weights_);
+  if (bias_.defined()) m.args.emplace(DNNL_ARG_BIAS, memory(bias_md_, cpu_engine(), bias_.data_ptr()));
+  if (scratchpad_md_.get_size() > 0) m.args.emplace(DNNL_ARG_SCRATCHPAD, memory(scratchpad_md_, cpu_engine(), nullptr));
+  if (blocked_) {
+    m.src = memory(src_md_, cpu_engine(), nullptr);
+    m.dst = memory(dst_md_, cpu_engine(), nullptr);
+    m.args.emplace(DNNL_ARG_SRC, m.src);
+    m.args.emplace(DNNL_ARG_DST, m.dst);
+  } else {
+    m.args.emplace(DNNL_ARG_SRC, m.nhwc_src);
+    m.args.emplace(DNNL_ARG_DST, m.nhwc_dst);
+  }
+  return m;
 }
 
 class PackedLinear : public torch::CustomClassHolder {
@@ -346,8 +392,10 @@ at::Tensor linear_run(const at::Tensor& x, const c10::intrusive_ptr<PackedLinear
 c10::intrusive_ptr<PackedConv2d> conv2d_prepack(const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                                                 std::vector<int64_t> stride, std::vector<int64_t> padding,
                                                 std::vector<int64_t> dilation, int64_t groups,
-                                                std::vector<int64_t> input_size, std::string post_op) {
-  return c10::make_intrusive<PackedConv2d>(weight, bias, stride, padding, dilation, groups, input_size, post_op);
+                                                std::vector<int64_t> input_size, std::string post_op,
+                                                c10::optional<double> clamp_min, c10::optional<double> clamp_max) {
+  return c10::make_intrusive<PackedConv2d>(weight, bias, stride, padding, dilation, groups, input_size, post_op,
+                                           clamp_min, clamp_max);
 }
 
 at::Tensor conv2d_run(const at::Tensor& x, const c10::intrusive_ptr<PackedConv2d>& packed,
@@ -358,7 +406,8 @@ at::Tensor conv2d_run(const at::Tensor& x, const c10::intrusive_ptr<PackedConv2d
 TORCH_LIBRARY(torchcap, m) {
   m.class_<PackedConv2d>("Conv2dPacked").def("algorithm", &PackedConv2d::algorithm);
   m.def("conv2d_prepack(Tensor weight, Tensor? bias, int[2] stride, int[2] padding, int[2] dilation, int groups, "
-        "int[4] input_size, str post_op) -> __torch__.torch.classes.torchcap.Conv2dPacked",
+        "int[4] input_size, str post_op, float? clamp_min=None, float? clamp_max=None) "
+        "-> __torch__.torch.classes.torchcap.Conv2dPacked",
         conv2d_prepack);
   m.def("conv2d_run(Tensor input, __torch__.torch.classes.torchcap.Conv2dPacked packed, Tensor? residual=None) "
         "-> Tensor",

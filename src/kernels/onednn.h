@@ -5,16 +5,18 @@
 // where the CPU has it (AVX-512), which on ResNet-18's convolutions takes
 // 0.45 to 0.75 of the direct one's time; and a residual add fused into the
 // convolution (oneDNN's "sum" post-op), followed by a relu, which saves two
-// passes over the block's result. torchcap registers its own pair of
-// operators for that, in the namespace torchcap, on the oneDNN LibTorch
-// itself links (Debian's libdnnl):
+// passes over the block's result; and a ReLU6 (oneDNN's clip), which
+// LibTorch fuses into XNNPACK's convolution only. torchcap registers its
+// own pair of operators for that, in the namespace torchcap, on the oneDNN
+// LibTorch itself links (Debian's libdnnl):
 //
 //   %w = torchcap::conv2d_prepack(%weight, %bias, stride, padding, dilation,
 //                                 groups, input_size, post_op)
 //   %y = torchcap::conv2d_run(%x, %w, %residual)
 //
-// post_op is "none", "relu", "add" or "add_relu"; %residual is given with
-// "add" and "add_relu" only, has the result's sizes, and the result is
+// post_op is "none", "relu", "hardtanh" (with clamp_min and clamp_max: a
+// ReLU6), "add" or "add_relu"; %residual is given with "add" and
+// "add_relu" only, has the result's sizes, and the result is
 // relu(conv(x) + residual) (or without the relu). The packing picks the
 // algorithm when it runs, on the machine that runs the graph: Winograd where
 // oneDNN offers it for this convolution and it has 32 channels or more in

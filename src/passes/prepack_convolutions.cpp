@@ -15,7 +15,8 @@
 // so the interpreter computes it once (Note [Views of attributes, computed
 // once] in runtime/plan_passes/fold_views.cpp). What follows the
 // convolution is fused into it when the convolution's result has no other
-// reader: a relu ("relu"); or an add of another tensor of its sizes, alpha
+// reader: a relu ("relu"), a hardtanh of constant bounds ("hardtanh", a
+// ReLU6); or an add of another tensor of its sizes, alpha
 // 1, then perhaps a relu ("add", "add_relu": a residual block's tail). An
 // in-place add_ is fused only when it writes over the convolution's result;
 // over the other operand, that tensor's later readers would see the sum.
@@ -29,14 +30,13 @@
 // Which kernel: measured per operator on ResNet-18 and MobileNetV2 against
 // LibTorch's packed oneDNN convolution (mkldnn_prepacked::conv2d_run, the
 // direct algorithm only, relu the only fusion, and its weights reordered
-// again at each call), XNNPACK's (prepacked::conv2d_clamp_*) and
-// aten::convolution on channels-last inputs: torchcap's was as fast or
-// faster everywhere a relu, an add or nothing follows, and Winograd takes
-// ResNet-18's 3x3 convolutions of stride 1 in 0.45 to 0.75 of the time.
-// oneDNN fuses no clamp, though: a convolution whose only reader is a
-// hardtanh (ReLU6, all of MobileNetV2's) runs as XNNPACK's with the clamp
-// fused, which saves a pass over its result (docs/benchmarks.md has the
-// figures).
+// again at each call), XNNPACK's (prepacked::conv2d_clamp_*, which fuses a
+// clamp) and aten::convolution on channels-last inputs: torchcap's was as
+// fast or faster everywhere. Winograd takes ResNet-18's 3x3 convolutions of
+// stride 1 in 0.45 to 0.75 of the direct algorithm's time; with the ReLU6
+// fused as oneDNN's clip, MobileNetV2's 3x3 convolutions take 1.0 to 1.25 ms
+// against XNNPACK's 1.6 to 2.0, its 1x1 ones 3.3 against 4.2
+// (docs/benchmarks.md has the figures).
 //
 // What is rewritten: aten::convolution, not transposed, of a 4-D float32 CPU
 // input, whose weight (and bias, if any) are float32 attributes with values,
@@ -67,8 +67,6 @@
 namespace torchcap::detail {
 namespace {
 
-constexpr const char* kClampPack = "prepacked::conv2d_clamp_prepack";
-constexpr const char* kClampRun = "prepacked::conv2d_clamp_run";
 
 
 bool is_int_pair(const Argument& a) {
@@ -168,7 +166,7 @@ class Recorder : public Evaluator {
       needs_contiguous.emplace_back(const_cast<Node*>(&n), const_cast<Node*>(in));
       return c10::IValue(t.contiguous());
     });
-    if (n.target() == kConv2dRun || n.target() == kClampRun) {
+    if (n.target() == kConv2dRun) {
       const at::Tensor& x = stack.at(0).toTensor();
       if (!x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
         stack[0] = x.contiguous(at::MemoryFormat::ChannelsLast);
@@ -232,11 +230,10 @@ bool prepack_convolutions(GraphModule& gm) {
   }
   for (Node* conv : work_convs) {
     const ArgumentList c = conv->args();
-    // oneDNN fuses a relu, or an add then a relu; XNNPACK clamps to a
-    // hardtanh's bounds.
+    // oneDNN fuses a relu or a hardtanh, or an add then a relu.
     const FusableClamp fused = fusable_clamp(conv);
-    Node* clamp = fused.node != nullptr && !fused.relu && xnnpack_runs() ? fused.node : nullptr;
     Node* relu = fused.relu ? fused.node : nullptr;
+    Node* clip = fused.node != nullptr && !fused.relu ? fused.node : nullptr;  // a hardtanh (ReLU6)
     ResidualAdd add;
     if (fused.node == nullptr) {
       add = residual_add(conv);
@@ -247,27 +244,30 @@ bool prepack_convolutions(GraphModule& gm) {
     // The residual may be computed after the convolution: the fused call
     // goes where the add was.
     auto here = g.inserting_before(add.node != nullptr ? add.node : conv);
-    Node* pack = nullptr;
-    Node* run = nullptr;
-    if (clamp != nullptr) {
-      pack = g.call_function(kClampPack, {c[1], c[2], c[3], c[4], c[5], c[8], fused.lo, fused.hi});
-      run = g.call_function(kClampRun, {c[0], pack});
-    } else {
-      ArgumentList input_size;
-      for (int64_t s : c[0].to_node()->meta().val.tensors[0].sizes) input_size.emplace_back(s);
-      const char* post_op = add.node != nullptr ? (relu != nullptr ? "add_relu" : "add") : (relu != nullptr ? "relu" : "none");
-      pack = g.call_function(kConv2dPrepack, {c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)), post_op});
-      ArgumentList run_args{c[0], pack};
-      if (add.node != nullptr) run_args.push_back(add.residual);
-      run = g.call_function(kConv2dRun, std::move(run_args));
+    ArgumentList input_size;
+    for (int64_t s : c[0].to_node()->meta().val.tensors[0].sizes) input_size.emplace_back(s);
+    const char* post_op = add.node != nullptr ? (relu != nullptr ? "add_relu" : "add")
+                          : clip != nullptr   ? "hardtanh"
+                          : relu != nullptr   ? "relu"
+                                              : "none";
+    ArgumentList pack_args{c[1], c[2], c[3], c[4], c[5], c[8], Argument(std::move(input_size)), post_op};
+    if (clip != nullptr) {
+      for (const Argument& bound : {fused.lo, fused.hi}) {
+        pack_args.emplace_back(bound.is_int() ? static_cast<double>(bound.to_int()) : bound.to_double());
+      }
     }
+    Node* pack = g.call_function(kConv2dPrepack, std::move(pack_args));
+    ArgumentList run_args{c[0], pack};
+    if (add.node != nullptr) run_args.push_back(add.residual);
+    Node* run = g.call_function(kConv2dRun, std::move(run_args));
     // The last of the fused nodes: its readers read the fused call now.
-    Node* last = clamp != nullptr ? clamp : relu != nullptr ? relu : add.node != nullptr ? add.node : conv;
+    Node* activation = clip != nullptr ? clip : relu;
+    Node* last = activation != nullptr ? activation : add.node != nullptr ? add.node : conv;
     run->meta() = last->meta();
     pack->meta().stack_trace = conv->meta().stack_trace;
     pack->meta().module_stack = conv->meta().module_stack;
     last->replace_all_uses_with(run);
-    for (Node* n : {clamp != nullptr ? clamp : relu, add.node, conv}) {
+    for (Node* n : {activation, add.node, conv}) {
       if (n != nullptr) g.erase(n);
     }
   }

@@ -1,6 +1,6 @@
 """torchcap.optimize_for_inference and `torchcap optimize` (docs/optimize.md):
 the smallest torchvision model of each family (and MobileNetV2, whose ReLU6s
-take XNNPACK's clamped convolution), traced in eval mode, optimized, equal
+fuse into the convolution), traced in eval mode, optimized, equal
 to eager within the documented tolerance, through the C++ interpreter, a
 saved file loaded by either loader, and the command; and the refusals."""
 
@@ -64,7 +64,7 @@ def test_torchvision_models_optimized_equal_eager(name, make_model, make_inputs,
     if batch_norm in traced:  # folded where a convolution comes first: all, or some (MaxViT)
         assert ops.count(batch_norm) < traced.count(batch_norm)
     if any("convolution" in o for o in traced):
-        assert any(o.startswith(("torchcap.conv2d_run", "prepacked.conv2d")) for o in ops), ops
+        assert "torchcap.conv2d_run.default" in ops, ops
 
 
 def optimized_and_checked(model, x):
@@ -75,10 +75,12 @@ def optimized_and_checked(model, x):
     return fast, operators(fast)
 
 
-def test_mobilenet_v2s_relu6_is_clamped_by_the_convolution():
+def test_mobilenet_v2s_relu6_runs_inside_the_convolution():
     fast, ops = optimized_and_checked(torchvision.models.mobilenet_v2(), torch.randn(2, 3, 64, 64))
     assert "aten.hardtanh_.default" not in ops and "aten.hardtanh.default" not in ops
-    assert ops.count("prepacked.conv2d_clamp_run.default") == 35  # every conv before a ReLU6
+    clips = [n for n in fast.graph.nodes
+             if n.target == torch.ops.torchcap.conv2d_prepack.default and n.args[7] == "hardtanh"]
+    assert len(clips) == 35 and all(n.args[8:] == (0.0, 6.0) for n in clips)  # every conv before a ReLU6
     assert "torchcap.linear_run.default" in ops  # the 1280 x 1000 classifier
     # The projections of the blocks with a shortcut take its add.
     assert "aten.add.Tensor" not in ops and "aten.add_.Tensor" not in ops
