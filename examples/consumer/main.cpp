@@ -8,8 +8,7 @@
 
 int main() {
   torch::manual_seed(0);
-  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::ReLU(),
-                              torch::nn::Linear(8, 2));
+  torch::nn::Sequential model(torch::nn::Linear(4, 2), torch::nn::ReLU());
 
   // Parameters become get_attr nodes named by their path in the model.
   torchcap::GraphModule gm = torchcap::trace(model, {torch::randn({3, 4})});

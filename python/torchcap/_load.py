@@ -37,7 +37,7 @@ from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 from torchcap._bridge import _to_fx_of_file
 from torchcap._errors import WeightError
 from torchcap._file_checks import _check_call
-from torchcap._operators import memory_effects, split_operator_name
+from torchcap._operators import memory_effects, resolve_operator
 from torchcap._format_tables import TABLES as _TABLES
 from torchcap._tcg_file import (_ALIGNMENT, _DTYPES, _HEADER_SIZE, _INT64_MAX, _ITEM_SIZES,
                                 _LAYOUTS, _MEMORY_FORMATS, _NODE_NAME, _RESERVED_NODE_NAMES,
@@ -270,33 +270,9 @@ class _Reader(_TcgFile):
         self.fail(offset, f"{label}unknown argument kind '{kind}'")
 
     def operator(self, target, offset, label):
-        parts = split_operator_name(target)
-        if parts is None:
-            self.fail(offset, f"{label}'{target}' is not a qualified operator name; expected "
-                              "namespace::name[.overload], e.g. aten::add.Tensor")
-        ns, name, overload = parts
-        op = None
-        # The default overload is written without a name ("aten::addmm"), as
-        # LibTorch names it; "aten::addmm.default" is not an operator name.
-        if overload != "default":
-            try:
-                op = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
-            except (AttributeError, RuntimeError):
-                pass
-        # getattr also finds Python attributes of the packet (__call__, ...).
-        if not isinstance(op, torch._ops.OpOverload):
-            if ns in ("aten", "prim", "prims"):
-                self.fail(offset, f"{label}call_function: no operator {target} is registered")
-            if ns == "torchcap":
-                # Note [torchcap's packed convolution] in src/kernels/onednn.h
-                self.fail(offset, f"{label}call_function: {target} is one of torchcap's own "
-                                  "operators (a graph optimized for inference), which its compiled "
-                                  "part, torchcap._C, registers; this Python reader runs without it")
-            # A custom operator: registered only once its library is loaded.
-            self.fail(offset, f"{label}call_function: no operator {target} is registered in "
-                              "torch.ops; load the library that defines it first: "
-                              "torch.ops.load_library(path), or import the Python package that "
-                              "registers it (import torchvision for torchvision:: operators)")
+        op, why = resolve_operator(target)
+        if op is None:
+            self.fail(offset, f"{label}{why}")
         return op
 
     def check_kwargs(self, op, target, kwargs, offset, label):

@@ -1,6 +1,7 @@
 """What Python knows of an operator: its name, as the format and the C++
 side write it ("aten::add.Tensor"; the default overload without a name,
-"aten::addmm"), and which arguments it writes or its result aliases. The one
+"aten::addmm"), the operator a name resolves to, and which arguments it
+writes or its result aliases. The one
 place Python reads or makes operator names or reads alias information
 (src/graph/operator_name.cpp and src/graph/operator_facts.cpp are C++'s)."""
 
@@ -17,6 +18,39 @@ def split_operator_name(name):
         return None
     op, _, overload = rest.partition(".")
     return namespace, op, overload
+
+
+def resolve_operator(target):
+    """(the OpOverload named `target`, None), or (None, why not) when the name
+    is malformed or no such operator is registered in torch.ops."""
+    parts = split_operator_name(target)
+    if parts is None:
+        return None, (f"'{target}' is not a qualified operator name; expected "
+                      "namespace::name[.overload], e.g. aten::add.Tensor")
+    ns, name, overload = parts
+    op = None
+    # The default overload is written without a name ("aten::addmm"), as
+    # LibTorch names it; "aten::addmm.default" is not an operator name.
+    if overload != "default":
+        try:
+            op = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+        except (AttributeError, RuntimeError):
+            pass
+    # getattr also finds Python attributes of the packet (__call__, ...).
+    if isinstance(op, torch._ops.OpOverload):
+        return op, None
+    if ns in ("aten", "prim", "prims"):
+        return None, f"call_function: no operator {target} is registered"
+    if ns == "torchcap":
+        # Note [torchcap's packed convolution] in src/kernels/onednn.h
+        return None, (f"call_function: {target} is one of torchcap's own operators (a graph "
+                      "optimized for inference), which its compiled part, torchcap._C, "
+                      "registers; this Python reader runs without it")
+    # A custom operator: registered only once its library is loaded.
+    return None, (f"call_function: no operator {target} is registered in torch.ops; load the "
+                  "library that defines it first: torch.ops.load_library(path), or import the "
+                  "Python package that registers it (import torchvision for torchvision:: "
+                  "operators)")
 
 
 def operator_name(op):
