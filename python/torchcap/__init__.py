@@ -17,7 +17,8 @@ needs only torch (1.13) and reads the `.tcg` format described in
 docs/FORMAT.md.
 """
 
-from torchcap._errors import Error, InputError, TraceError, WeightError
+from torchcap._errors import (Error, FormatError, InputError, LintError, PassError, TraceError,
+                              WeightError)
 from torchcap._load import load
 from torchcap._onnx import to_onnx
 from torchcap._optimize import optimize_for_inference
@@ -31,4 +32,5 @@ from torchcap._version import __version__ as __version__
 __all__ = ["trace", "export", "dispatch_trace", "export_training", "save", "load",
            "optimize_for_inference", "profile", "Profile", "to_onnx",
            "signature", "GraphSignature", "InputSpec", "OutputSpec", "Dim", "Error",
-           "TraceError", "InputError", "WeightError", "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]
+           "TraceError", "InputError", "WeightError", "FormatError", "LintError", "PassError",
+           "FORMAT_MAJOR_VERSION", "FORMAT_MINOR_VERSION"]

@@ -32,6 +32,31 @@ class WeightError(Error):
     The message names every weight involved and what was expected."""
 
 
+class FormatError(Error, ValueError):
+    """A `.tcg` file could not be read: it is not one, it is damaged (a
+    checksum that does not match, a truncated file), or it does not hold
+    together (an operator its loader does not know, arguments that do not
+    fit the operator's schema, an operator that fails on the shapes the file
+    records). Every loader checks the same things (docs/FORMAT.md, "What the
+    loaders verify").
+
+    The message names the file, the byte offset of the problem and what it
+    is, as the torchcap command prints it. A ValueError too, which is what
+    torchcap.load raised before this class existed."""
+
+
+class LintError(Error):
+    """A graph broke one of the invariants its lint checks (an edited
+    torch.fx graph given to torchcap.save, say); the message names the node."""
+
+
+class PassError(Error):
+    """A pass of torchcap.optimize_for_inference (or another pipeline of
+    passes) failed or left a graph that does not pass lint; the message names
+    the pass and the one before it."""
+
+
 # Shown as torchcap.TraceError in tracebacks, where users import them from.
-Error.__module__ = TraceError.__module__ = InputError.__module__ = WeightError.__module__ = \
-    "torchcap"
+for _cls in (Error, TraceError, InputError, WeightError, FormatError, LintError, PassError):
+    _cls.__module__ = "torchcap"
+del _cls

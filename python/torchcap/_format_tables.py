@@ -7,7 +7,7 @@ TABLES = json.loads(r"""
 {
  "version": {
   "major": 1,
-  "minor": 5
+  "minor": 6
  },
  "header": {
   "magic": [
@@ -174,6 +174,7 @@ TABLES = json.loads(r"""
  ],
  "getitem_target": "getitem",
  "output_target": "output",
+ "numbers_for_tensors_since": 6,
  "size_targets": [
   "sym_size",
   "add",

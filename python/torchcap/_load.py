@@ -1,7 +1,8 @@
 """Reading `.tcg` files (docs/FORMAT.md) into torch.fx.GraphModules.
 
-The reader checks what it relies on, in file order, and raises ValueError
-naming the first problem and, where it has one, its byte offset:
+The reader checks what it relies on, in file order, and raises FormatError
+(a torchcap.Error and a ValueError) naming the first problem and, where it
+has one, its byte offset:
 
     model.tcg: byte 8: format version 2.0 is not supported; ...
 
@@ -35,8 +36,9 @@ import torch.fx
 from torch.fx.passes.shape_prop import TensorMetadata as _TensorMetadata
 
 from torchcap._bridge import _to_fx_of_file
-from torchcap._errors import WeightError
+from torchcap._errors import FormatError, WeightError
 from torchcap._file_checks import _check_call
+from torchcap._file_shapes import ShapeChecker as _ShapeChecker
 from torchcap._operators import memory_effects, resolve_operator
 from torchcap._format_tables import TABLES as _TABLES
 from torchcap._tcg_file import (_ALIGNMENT, _DTYPES, _HEADER_SIZE, _INT64_MAX, _ITEM_SIZES,
@@ -62,6 +64,9 @@ class _Reader(_TcgFile):
     def __init__(self, path, buf, verify_checksums=True):
         super().__init__(path, buf, verify_checksums)
         self.module_stacks = []
+        self.recorded = {}  # node -> its recorded value (_file_shapes.py)
+        self.targets = {}  # operator node -> its target as the file names it
+        self.index = {}  # node -> its index in 'nodes'
 
     # --- Tensors --------------------------------------------------------------
 
@@ -283,6 +288,19 @@ class _Reader(_TcgFile):
             if k not in names:
                 self.fail(offset, f"{label}{target} has no argument named '{k}'")
 
+    def check_no_number_for_tensor(self, op, args, kwargs, offset, label):
+        """Note [Numbers for tensors in files] (src/serialize/format.h): a
+        number given for a Tensor parameter, in a file older than 1.6."""
+        for i, param in enumerate(op._schema.arguments):
+            given = args[i] if i < len(args) else kwargs.get(param.name)
+            t = param.type
+            if isinstance(t, torch.OptionalType):
+                t = t.getElementType()
+            if isinstance(t, torch.TensorType) and isinstance(given, (bool, int, float)):
+                since = _TABLES["numbers_for_tensors_since"]
+                self.fail(offset, f"{label}numbers given for Tensor parameters came in version "
+                                  f"1.{since}; this file is version 1.{self.minor}")
+
     def meta(self, node, value, offset, label):
         self.expect(value, "object", offset, label)
         self.check_keys(value, "meta", offset, label)
@@ -300,7 +318,7 @@ class _Reader(_TcgFile):
             if want >= 0 and len(tensors) != want:
                 self.fail(offset, f"{vlabel[:-2]}.tensors: a value of kind '{kind}' has {want} "
                                   f"tensor(s), not {len(tensors)}")
-            metas = []
+            metas, recorded = [], []
             for i, t in enumerate(tensors):
                 tl = f"{vlabel[:-2]}.tensors[{i}]: "
                 self.expect(t, "object", offset, tl)
@@ -311,8 +329,11 @@ class _Reader(_TcgFile):
                                   tl[:-2] + ".sizes: ", True)
                 strides = self.dims(self.member(t, "strides", offset, tl), offset,
                                     tl[:-2] + ".strides: ", False)
-                self.device(self.member(t, "device", offset, tl), offset, tl[:-2] + ".device: ")
+                device = self.device(self.member(t, "device", offset, tl), offset,
+                                     tl[:-2] + ".device: ")
                 metas.append(_tensor_metadata(dtype, sizes, strides))
+                recorded.append((dtype, sizes, strides, str(device)))
+            self.recorded[node] = (kind, recorded)
             # As a trace's module has them (FxBuilder in src/python/module.cpp).
             if kind == "tensor":
                 node.meta["val"] = node.meta["tensor_meta"] = metas[0]
@@ -408,7 +429,10 @@ class _Reader(_TcgFile):
             elif op == "call_function":
                 fn = self.operator(target, t, label)
                 self.check_kwargs(fn, target, kwargs, t, label)
+                if self.minor < _TABLES["numbers_for_tensors_since"]:
+                    self.check_no_number_for_tensor(fn, args, kwargs, t, label)
                 node = graph.create_node("call_function", fn, tuple(args), kwargs, name=name)
+                self.targets[node] = target
             elif op == "output":
                 if len(args) != 1 or not isinstance(args[0], list) or kwargs:
                     self.fail(t, label + "args: the output takes one argument, the list "
@@ -433,6 +457,7 @@ class _Reader(_TcgFile):
             # torch.fx may rename a node whose name Python code cannot use
             # ("NoneType"); references in the file still use the file's name.
             env[name] = node
+            self.index[node] = (i, name)
             if "meta" in entry:
                 self.meta(node, entry["meta"], t, label + "meta: ")
             if op == "call_function" and target != "getitem":
@@ -596,7 +621,19 @@ class _Reader(_TcgFile):
 
     # --- The module -----------------------------------------------------------
 
-    def read(self, weights=None, strict=True):
+    def check_shapes(self, results, num_user, mutations):
+        """Note [Checking a file's shapes] in src/serialize/shapes.cpp, as the
+        C++ loader checks them (_file_shapes.py)."""
+        tensors = {name: t for name, _, t in self.attributes}
+
+        def problem(node, what):
+            i, name = self.index[node]
+            self.fail(self.element_offset("nodes", i), f"node %{name} (nodes[{i}]): {what}")
+
+        _ShapeChecker(self.graph, self.recorded, self.targets, tensors.get, problem).run(
+            mutations, results, num_user, self.env.get)
+
+    def read(self, weights=None, strict=True, check_shapes=True):
         self.read_header()
         self.read_json()
         if "symbols" in self.doc:
@@ -632,6 +669,13 @@ class _Reader(_TcgFile):
             written = [self.env[t] for k, t in mutations if k == "input_mutation"]
             self.output.args = ((list(results), written),)
         _set_output_val(self.graph, mutations)
+        names = {a[0] for a in self.attributes}
+        for node in self.graph.nodes:
+            if node.op == "get_attr" and node.target not in names:
+                self.fail(self.json_offset, f"get_attr %{node.name} reads attribute "
+                                            f"'{node.target}', which the file does not have")
+        if check_shapes:
+            self.check_shapes(results, num_user, mutations)
 
         attributes = self.attributes
         if weights is not None:
@@ -650,11 +694,6 @@ class _Reader(_TcgFile):
                 self.fail(self.element_offset("attributes", i),
                           f"attribute '{name}' (attributes[{i}]): {what}")
             _set_attribute(gm, name, kind, tensor, fail, made)
-        names = {a[0] for a in self.attributes}
-        for node in self.graph.nodes:
-            if node.op == "get_attr" and node.target not in names:
-                self.fail(self.json_offset, f"get_attr %{node.name} reads attribute "
-                                            f"'{node.target}', which the file does not have")
         codegen = TorchcapCodeGen(
             in_spec, out_spec, mutations,
             {name: node.name for name, node in self.env.items() if node.op == "placeholder"},
@@ -743,7 +782,7 @@ def _written_placeholders(graph):
 
 def load(path: Union[str, "os.PathLike[str]"], verify_checksums: bool = True,
          weights: Optional[Mapping[str, torch.Tensor]] = None,
-         strict: bool = True) -> torch.fx.GraphModule:
+         strict: bool = True, check_shapes: bool = True) -> torch.fx.GraphModule:
     """Reads a `.tcg` file written by torchcap::save into a torch.fx.GraphModule.
 
     path: the file, a str or a path-like object.
@@ -751,8 +790,10 @@ def load(path: Union[str, "os.PathLike[str]"], verify_checksums: bool = True,
     Parameters become nn.Parameters (requires_grad=False), buffers and
     constants become buffers, at their dotted paths; all are views of the
     file's bytes. forward() takes and returns the nested structures the
-    program was captured with. Raises ValueError naming the first problem in
-    a damaged file, and OSError if the file cannot be opened.
+    program was captured with. Raises torchcap.FormatError (also a
+    ValueError) naming the first problem in a damaged file, with its byte
+    offset, as the torchcap command does; OSError if the file cannot be
+    opened.
 
     verify_checksums: check the CRC-32s of a version 1.1 file (header, JSON,
     each tensor's bytes), which reads the whole file once; off, damage to
@@ -769,18 +810,24 @@ def load(path: Union[str, "os.PathLike[str]"], verify_checksums: bool = True,
     missing, extra and mismatched weight.
     strict: refuse weights that name no attribute of the module (a state
     dict's num_batches_tracked, say); False ignores them.
+    check_shapes: run each operator on meta tensors of its inputs' recorded
+    shapes and refuse a file whose operators fail there or give other dtypes
+    or sizes than it records (docs/FORMAT.md, "Shapes": about a microsecond
+    per node). Off, such a file loads and its first call fails inside an
+    operator; the checks of the arguments that kernels would not survive
+    run either way.
     """
     path = os.fspath(path)
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path}: not a regular file")
+        raise FormatError(f"{path}: not a regular file")
     with _cyclic_gc_paused():  # Note [No collections] in _runtime.py
         if _C is None:
-            return _read_in_python(path, st, weights, strict, verify_checksums)
-        return _load_in_cpp(path, st, weights, strict, verify_checksums)
+            return _read_in_python(path, st, weights, strict, verify_checksums, check_shapes)
+        return _load_in_cpp(path, st, weights, strict, verify_checksums, check_shapes)
 
 
-def _load_in_cpp(path, st, weights, strict, verify_checksums):
+def _load_in_cpp(path, st, weights, strict, verify_checksums, check_shapes):
     """Note [One bridge to torch.fx]: with the compiled part, a file is read
     once, by the C++ loader, which checks more than the reader here (operator
     schemas and shapes too), and its module becomes a torch.fx module as a
@@ -791,20 +838,20 @@ def _load_in_cpp(path, st, weights, strict, verify_checksums):
     made nn.Parameters, and the check of each call's inputs against the
     placeholders' recorded metadata."""
     try:
-        module = _C.load(path, verify_checksums)
-    except ValueError as e:
+        module = _C.load(path, verify_checksums, check_shapes)
+    except FormatError as e:
         if ": call_function: no operator " not in str(e):
             raise
         # Operators are found through torch.ops here, which knows those
         # registered from Python and says how to register the others in
         # Python's terms: its message, if it refuses the file too.
-        _read_in_python(path, st, weights, strict, verify_checksums)
+        _read_in_python(path, st, weights, strict, verify_checksums, check_shapes)
         raise
     attributes = module.attributes()
     if _python_cannot_hold(name for name, _, _ in attributes):
         # The reader here refuses such a file, and says where in it the
         # attribute is, which the C++ module no longer knows.
-        return _read_in_python(path, st, weights, strict, verify_checksums)
+        return _read_in_python(path, st, weights, strict, verify_checksums, check_shapes)
     if weights is not None:
         try:
             attributes = _bind(attributes, weights, strict)
@@ -851,7 +898,8 @@ def _as_parameter(t, made):
     return p
 
 
-def _read_in_python(path, st, weights=None, strict=True, verify_checksums=True):
+def _read_in_python(path, st, weights=None, strict=True, verify_checksums=True,
+                    check_shapes=True):
     """The module of the file at `path` as the reader here makes it: without
     the compiled part, and as the reference the C++ loader is compared with
     (tests, fuzz/compare_loaders.py)."""
@@ -861,17 +909,17 @@ def _read_in_python(path, st, weights=None, strict=True, verify_checksums=True):
                 buf = f.read()  # an empty file cannot be mapped
             else:
                 buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        return _Reader(path, buf, verify_checksums).read(weights, strict)
+        return _Reader(path, buf, verify_checksums).read(weights, strict, check_shapes)
     except RecursionError:
-        raise ValueError(f"{path}: the JSON nests too deeply") from None
+        raise FormatError(f"{path}: the JSON nests too deeply") from None
 
 
-def load_in_python(path, verify_checksums=True, weights=None, strict=True):
+def load_in_python(path, verify_checksums=True, weights=None, strict=True, check_shapes=True):
     """torchcap.load, read by the Python reader alone (for tests, and for
     comparing the two loaders)."""
     path = os.fspath(path)
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path}: not a regular file")
+        raise FormatError(f"{path}: not a regular file")
     with _cyclic_gc_paused():
-        return _read_in_python(path, st, weights, strict, verify_checksums)
+        return _read_in_python(path, st, weights, strict, verify_checksums, check_shapes)

@@ -12,6 +12,7 @@ import zlib
 
 import torch
 
+from torchcap._errors import FormatError
 from torchcap._format_tables import TABLES as _TABLES
 
 # Note [Wire tokens] in src/serialize/format.h: the format's constants and
@@ -62,7 +63,7 @@ _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 class _TcgFile:
     """The bytes of one file (`buf`, read as mapped) and where in them each
-    section is, once read_header has run; every check fails with ValueError
+    section is, once read_header has run; every check fails with FormatError
     naming the file and the byte."""
 
     def __init__(self, path, buf, verify_checksums=True):
@@ -79,7 +80,7 @@ class _TcgFile:
     def fail(self, offset, what):
         if callable(offset):  # computed only now that it is needed
             offset = offset()
-        raise ValueError(f"{self.path}: byte {offset}: {what}")
+        raise FormatError(f"{self.path}: byte {offset}: {what}")
 
     def element_offset(self, key, index):
         """The byte where element `index` of top-level array `key` starts.
@@ -197,14 +198,14 @@ class _TcgFile:
         # A number too large for a double: Python would read inf, C++ refuses.
         value = float(text)
         if not math.isfinite(value):
-            raise ValueError(f"{self.path}: byte {self.json_offset}: the JSON section is not "
-                             f"valid JSON: number overflow parsing '{text}'")
+            raise FormatError(f"{self.path}: byte {self.json_offset}: the JSON section is not "
+                              f"valid JSON: number overflow parsing '{text}'")
         return value
 
     def _reject_constant(self, name):
         # Python's json accepts NaN and Infinity; JSON and the format do not.
-        raise ValueError(f"{self.path}: byte {self.json_offset}: the JSON section is not valid "
-                         f"JSON: {name} is not a JSON value")
+        raise FormatError(f"{self.path}: byte {self.json_offset}: the JSON section is not valid "
+                          f"JSON: {name} is not a JSON value")
 
     def top(self, key):
         if key not in self.doc:

@@ -719,10 +719,11 @@ int main_impl(int argc, char** argv) {
   ProfileRequest profile;
   auto* profile_flag = run_cmd->add_flag("--profile", profile.on, "time each node over --runs runs: per-operator "
                                          "totals and the slowest nodes with their source lines");
-  run_cmd->add_option("--runs", profile.runs, "runs to profile (default 10)")->needs(profile_flag)
-      ->check(CLI::Range(1, 1000000));
-  run_cmd->add_option("--trace-json", profile.trace_json, "with --profile: a Chrome trace of the last run "
-                      "(chrome://tracing, Perfetto)")->needs(profile_flag);
+  auto* trace_json = run_cmd->add_option("--trace-json", profile.trace_json,
+                                         "profile, and write the last run as a Chrome trace "
+                                         "(chrome://tracing, Perfetto); implies --profile");
+  auto* runs = run_cmd->add_option("--runs", profile.runs, "runs to profile (default 10)")
+                   ->check(CLI::Range(1, 1000000));
   run_cmd->add_option("--seed", seed, "seed for random inputs (default 0)");
   int64_t steps = 0;
   run_cmd->add_option("--steps", steps, "run a training step (trace --train) N times, printing each "
@@ -788,8 +789,13 @@ int main_impl(int argc, char** argv) {
     throw Error("--weights does not apply to --steps: a training step starts from the parameters "
                 "and optimizer state its file holds");
   }
+  if (run_cmd->parsed() && runs->count() > 0 && !profile_flag->count() && !trace_json->count()) {
+    throw Error("--runs needs --profile or --trace-json");
+  }
+  if (run_cmd->parsed() && !profile.trace_json.empty()) profile.on = true;  // implied
   if (run_cmd->parsed() && profile.on && run_cmd->count("--steps") > 0) {
-    throw Error("--profile runs a graph; a training step's runs (--steps) would train it");
+    throw Error(std::string(run_cmd->count("--profile") > 0 ? "--profile" : "--trace-json") +
+                " runs a graph; a training step's runs (--steps) would train it");
   }
   if (run_cmd->parsed() && run_cmd->count("--steps") > 0) return cmd_run_steps(file, inputs, data, steps, output, as_json);
   if (run_cmd->parsed()) return cmd_run(file, inputs, weights, output, as_json, profile);

@@ -2,6 +2,7 @@
 
 #include <torchcap/error.h>
 
+#include <ATen/ScalarOps.h>
 #include <c10/util/Exception.h>
 
 namespace torchcap {
@@ -14,10 +15,79 @@ const c10::Type& unwrap_optional(const c10::Type& t) {
   return t;
 }
 
+// Note [Python numbers as tensors]
+// A Python number where an operator takes a tensor (`x + 0.5`, `2 * x`:
+// aten::add.Tensor, aten::mul.Tensor) reaches the kernel as a "wrapped
+// number": a 0-dim CPU tensor (float64, int64 or bool) whose flag tells type
+// promotion to treat it as a Python scalar, so that an int64 tensor plus 0.5
+// is float32 (the default dtype), not float64, and a float32 tensor times 2.5
+// stays float32. LibTorch's own composites make them too (add.Scalar calls
+// add.Tensor with one). The flag is a property of the TensorImpl that no
+// copy keeps, and no file recorded it: a graph that lifted the number as a
+// tensor constant computed float64 once saved and loaded (issue 58). So a
+// graph never holds a wrapped number as a tensor: the tracer records the
+// number itself as the argument (as make_fx does: aten.add.Tensor(x, 0.5)),
+// and whatever runs the graph gives the kernel a wrapped number again, made
+// here (constant_ivalue), once per node. A torch.fx module calling
+// torch.ops.aten.add.Tensor(x, 0.5) gets one from torch's own argument
+// parsing. Files hold such numbers from version 1.6 (Note [Numbers for
+// tensors in files] in serialize/format.h). Only a whole Tensor or Tensor?
+// parameter takes one, never an element of a list: LibTorch makes none there.
+
+std::optional<Argument> wrapped_number_argument(const at::Tensor& t) {
+  if (!t.defined() || !t.unsafeGetTensorImpl()->is_wrapped_number() || !t.device().is_cpu() ||
+      t.dim() != 0 || !t.has_storage()) {
+    return std::nullopt;
+  }
+  // Read without the dispatcher: a trace that is recording must not see it.
+  switch (t.scalar_type()) {
+    case c10::ScalarType::Double:
+      return Argument(*static_cast<const double*>(t.unsafeGetTensorImpl()->data()));
+    case c10::ScalarType::Long:
+      return Argument(*static_cast<const int64_t*>(t.unsafeGetTensorImpl()->data()));
+    case c10::ScalarType::Bool:
+      return Argument(*static_cast<const bool*>(t.unsafeGetTensorImpl()->data()));
+    default:
+      return std::nullopt;  // a complex number: lifted as a tensor constant
+  }
+}
+
+bool is_number_for_tensor(const c10::Type& declared, const Argument& a) {
+  return unwrap_optional(declared).kind() == c10::TypeKind::TensorType &&
+         (a.is_int() || a.is_double() || a.is_bool() ||
+          (a.is_node() && a.to_node()->is_size_computation()));
+}
+
+bool has_number_for_tensor(const Node& n) {
+  if (!n.is_operator()) return false;
+  const auto& params = n.schema().arguments();
+  const std::vector<const Argument*> given = given_arguments(n);
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (given[i] != nullptr && is_number_for_tensor(*params[i].real_type(), *given[i])) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// A wrapped number holding `a`'s value (Note [Python numbers as tensors]).
+// Made without the dispatcher, as scalar_operators.cpp explains.
+at::Tensor wrapped_number_tensor(const Argument& a) {
+  const c10::Scalar value = a.is_double() ? c10::Scalar(a.to_double())
+                            : a.is_int()  ? c10::Scalar(a.to_int())
+                                          : c10::Scalar(a.to_bool());
+  return at::native::wrapped_scalar_tensor(value);
+}
+
+}  // namespace
+
 c10::IValue constant_ivalue(const Argument& a, const c10::Type& declared) {
   const c10::Type& type = unwrap_optional(declared);
   using K = c10::TypeKind;
   if (a.is_none()) return c10::IValue();
+  if (type.kind() == K::TensorType && (a.is_int() || a.is_double() || a.is_bool())) {
+    return wrapped_number_tensor(a);
+  }
   if (a.is_int()) {
     if (type.kind() == K::FloatType) return c10::IValue(static_cast<double>(a.to_int()));
     return c10::IValue(a.to_int());

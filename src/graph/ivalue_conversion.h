@@ -10,6 +10,7 @@
 #include <ATen/core/jit_type.h>
 #include <c10/util/FunctionRef.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,18 @@ std::vector<const Argument*> given_arguments(const Node& n);
 // none for an optional without one.
 c10::IValue default_ivalue(const c10::Argument& p);
 
+// Note [Python numbers as tensors]: the number a wrapped-number tensor `t`
+// holds, for a parameter of type Tensor, or nullopt if `t` is not one (or
+// holds a number no Argument can: a complex one).
+std::optional<Argument> wrapped_number_argument(const at::Tensor& t);
+
+// Whether `a`, given for a parameter of type `declared`, is a number that
+// stands for a tensor (Note [Python numbers as tensors]).
+bool is_number_for_tensor(const c10::Type& declared, const Argument& a);
+
+// Whether an operator node gives a number for one of its Tensor parameters.
+bool has_number_for_tensor(const Node& n);
+
 // Whether `v` is a tensor or holds one (Tensor[], Tensor?[]).
 bool is_tensor_like(const c10::IValue& v);
 
@@ -56,6 +69,9 @@ Argument argument_of(const c10::IValue& v, const c10::Type& declared, NodeOf&& n
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) return Argument();
+    if (type.kind() == K::TensorType && t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      if (std::optional<Argument> number = wrapped_number_argument(t)) return *std::move(number);
+    }
     return Argument(node_of(t, what));
   }
   if (v.isInt()) {

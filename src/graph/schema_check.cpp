@@ -65,14 +65,18 @@ bool is_tensor_node(const Argument& a) {
   return a.is_node() && produces(*a.to_node()) == Produces::Tensor;
 }
 
-// Whether `a` is acceptable where the schema says `type`.
-bool fits(const c10::Type& type, const Argument& a) {
+// Whether `a` is acceptable where the schema says `type`. A whole Tensor
+// parameter may take a number (Note [Python numbers as tensors] in
+// ivalue_conversion.cpp); an element of a Tensor[] may not.
+bool fits(const c10::Type& type, const Argument& a, bool element = false) {
   using K = c10::TypeKind;
   switch (type.kind()) {
     case K::OptionalType:
-      return a.is_none() || fits(*type.expectRef<c10::OptionalType>().getElementType(), a);
+      return a.is_none() || fits(*type.expectRef<c10::OptionalType>().getElementType(), a, element);
     case K::TensorType:
-      return is_tensor_node(a);
+      return is_tensor_node(a) ||
+             (!element && (a.is_int() || a.is_double() || a.is_bool() ||
+                           (a.is_node() && a.to_node()->is_size_computation())));
     case K::IntType:
     case K::SymIntType:
       return a.is_int() || (a.is_node() && a.to_node()->is_size_computation());
@@ -100,7 +104,7 @@ bool fits(const c10::Type& type, const Argument& a) {
       }
       if (!a.is_list()) return false;
       for (const Argument& e : a.to_list()) {
-        if (!fits(elem, e)) return false;
+        if (!fits(elem, e, /*element=*/true)) return false;
       }
       return true;
     }

@@ -26,16 +26,15 @@ namespace py = pybind11;
 
 // The file's module with its attributes as stored: weights are bound by
 // torchcap.load, in Python, whose messages name the Python objects given.
-// A damaged file raises ValueError with the loader's message.
-GraphModule load_file(const std::string& path, bool verify_checksums) {
+// A damaged file raises torchcap.FormatError with the loader's message. The
+// shape check may call meta kernels written in Python, which take the GIL
+// themselves (Note [Kernels written in Python] in serialize/shapes.h).
+GraphModule load_file(const std::string& path, bool verify_checksums, bool check_shapes) {
   LoadOptions options;
   options.verify_checksums = verify_checksums;
-  try {
-    py::gil_scoped_release no_gil;
-    return load(path, options);
-  } catch (const FormatError& e) {
-    throw py::value_error(e.what());
-  }
+  options.check_shapes = check_shapes;
+  py::gil_scoped_release no_gil;
+  return load(path, options);
 }
 
 // (dtype, sizes, strides) of each placeholder's recorded tensor, or None
@@ -84,7 +83,7 @@ void set_loaded_attributes(GraphModule& gm,
 }  // namespace
 
 void register_load_bindings(py::module_& m, py::class_<GraphModule>& graph_module) {
-  m.def("load", &load_file, py::arg("path"), py::arg("verify_checksums"),
+  m.def("load", &load_file, py::arg("path"), py::arg("verify_checksums"), py::arg("check_shapes"),
         "The module of a .tcg file, its attributes as stored (torchcap.load binds weights)");
   graph_module.def("placeholder_metas", &placeholder_metas);
   graph_module.def("is_dynamic", &GraphModule::is_dynamic);

@@ -16,6 +16,7 @@
 #include "python/load_bindings.h"
 #include "python/runner.h"
 #include "python/python_source.h"
+#include "serialize/shapes.h"
 #include "trace/trace_state.h"
 
 #include <torchcap/error.h>
@@ -29,6 +30,7 @@
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Layout.h>
 #include <torch/csrc/Size.h>
 #include <torch/csrc/MemoryFormat.h>
@@ -563,6 +565,27 @@ GraphModule unpickled_graph(const py::bytes& pickled) {
   return load_from_buffer(bytes.data(), bytes.size(), "a pickled torchcap graph");
 }
 
+// Note [Kernels written in Python] (src/serialize/shapes.h): the message of
+// an error a meta kernel written in Python raised, with Python's error
+// indicator cleared (persist() fetches it, under the GIL).
+bool read_python_error(std::exception& e, torchcap::detail::KernelError& out) {
+  if (auto* error = dynamic_cast<python_error*>(&e)) {
+    error->persist();
+    py::gil_scoped_acquire gil;
+    out.message = error->what();
+    out.not_implemented =
+        error->type != nullptr && PyErr_GivenExceptionMatches(error->type, PyExc_NotImplementedError);
+    return true;
+  }
+  if (auto* error = dynamic_cast<py::error_already_set*>(&e)) {
+    py::gil_scoped_acquire gil;
+    out.message = error->what();
+    out.not_implemented = error->matches(PyExc_NotImplementedError);
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 }  // namespace torchcap::python
 
@@ -572,8 +595,10 @@ PYBIND11_MODULE(_C, m) {
   using namespace torchcap::python;
   m.doc() = "torchcap's C++ tracer, for Python programs (use the functions of torchcap)";
 
-  // torchcap::Error subclasses become torchcap's Python exceptions, with the
-  // C++ message. Tracing problems are TraceError, the rest Error.
+  // torchcap::Error subclasses become torchcap's Python exceptions of the
+  // same names (torchcap/_errors.py), with the C++ message. A TypeError (a
+  // traced program's result of the wrong kind) is a TraceError there; a
+  // RuntimeError (a graph that failed while running) is a torchcap.Error.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -583,10 +608,20 @@ PYBIND11_MODULE(_C, m) {
       PyErr_SetString(error_class("TraceError").ptr(), e.what());
     } catch (const torchcap::InputError& e) {
       PyErr_SetString(error_class("InputError").ptr(), e.what());
+    } catch (const torchcap::FormatError& e) {
+      PyErr_SetString(error_class("FormatError").ptr(), e.what());
+    } catch (const torchcap::WeightError& e) {
+      PyErr_SetString(error_class("WeightError").ptr(), e.what());
+    } catch (const torchcap::LintError& e) {
+      PyErr_SetString(error_class("LintError").ptr(), e.what());
+    } catch (const torchcap::PassError& e) {
+      PyErr_SetString(error_class("PassError").ptr(), e.what());
     } catch (const torchcap::Error& e) {
       PyErr_SetString(error_class("Error").ptr(), e.what());
     }
   });
+  // Note [Kernels written in Python] (src/serialize/shapes.h)
+  torchcap::detail::set_python_error_reader(&read_python_error);
 
   py::class_<GraphModule> graph_module(m, "GraphModule");
   graph_module

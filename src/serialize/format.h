@@ -157,6 +157,14 @@ inline constexpr uint16_t kDynamicSince = 4;
 // element of in_spec is a dict of keyword arguments. The writer writes 1.5
 // only for modules that know it (traced from Python or TorchScript).
 inline constexpr uint16_t kCallSince = 5;
+// Note [Numbers for tensors in files]: from version 1.6 an operator's Tensor
+// parameter may be given a number, a Python number in tensor arithmetic that
+// the kernel gets as a wrapped number (Note [Python numbers as tensors] in
+// graph/ivalue_conversion.cpp). Earlier versions held it as a tensor
+// constant without its flag, which computed in float64 where eager computes
+// in float32. The writer writes 1.6 only for graphs that have one; a reader
+// refuses one in a file of an earlier version, which no writer made.
+inline constexpr uint16_t kNumbersForTensorsSince = 6;
 // The oldest version the writer writes: checksums and module stacks.
 inline constexpr uint16_t kOldestWrittenMinor = 2;
 

@@ -15,6 +15,7 @@
 #include <torchcap/error.h>
 #include <torchcap/serialize.h>
 
+#include "graph/ivalue_conversion.h"
 #include "graph/operator_name.h"
 #include "graph/schema_check.h"
 #include "serialize/format.h"
@@ -314,7 +315,8 @@ class Reader {
       format::fail_at(file_, top_entry("nodes").offset, e.what());
     }
     // Note [Checking a file's shapes] (shapes.cpp)
-    std::optional<detail::ShapeProblem> problem = detail::check_shapes(gm);
+    std::optional<detail::ShapeProblem> problem;
+    if (options_.check_shapes) problem = detail::check_shapes(gm);
     if (problem) {
       size_t index = 0;
       for (const Node* n : gm.graph()) {
@@ -765,6 +767,12 @@ class Reader {
     std::string problem;
     if (n->is_operator()) {
       problem = detail::check_schema_arguments(*n, n->schema());
+      if (problem.empty() && file_.minor < format::kNumbersForTensorsSince &&
+          detail::has_number_for_tensor(*n)) {
+        problem = "numbers given for Tensor parameters came in version 1." +
+                  std::to_string(format::kNumbersForTensorsSince) + "; this file is version 1." +
+                  std::to_string(file_.minor);
+      }
       if (problem.empty()) {
         problem = detail::check_trusting_kernels(
             *n, [this](const Node& in) { return recorded_meta(in); });

@@ -3,6 +3,7 @@
 #include <torchcap/serialize.h>
 
 #include "graph/hidden_writes.h"
+#include "graph/ivalue_conversion.h"
 #include "graph/operator_facts.h"
 #include "serialize/format.h"
 #include "serialize/json_scan.h"
@@ -460,6 +461,13 @@ class Writer {
                                {"target", checked_utf8(o.target, "the signature")}});
       }
       doc["signature"] = Json{{"outputs", std::move(outputs)}};
+    }
+    for (const Node* n : gm_.graph()) {
+      if (detail::has_number_for_tensor(*n)) {
+        // Note [Numbers for tensors in files] (format.h)
+        header_.minor = std::max(header_.minor, format::kNumbersForTensorsSince);
+        break;
+      }
     }
     if (!gm_.call.empty()) {
       header_.minor = std::max(header_.minor, format::kCallSince);

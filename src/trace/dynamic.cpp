@@ -52,6 +52,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <unordered_map>
 
 namespace torchcap {
@@ -306,12 +307,29 @@ class DynamicTrace {
       }
       NodeInts ni;
       bool same = na->args().size() == nb->args().size() && na->kwargs().size() == nb->kwargs().size();
+      const Argument* differing[2] = {nullptr, nullptr};
       for (size_t i = 0; same && i < na->args().size(); ++i) {
         same = same_but_ints(na->args()[i], nb->args()[i], ni.args);
+        if (!same) differing[0] = &na->args()[i], differing[1] = &nb->args()[i];
       }
       for (size_t i = 0; same && i < na->kwargs().size(); ++i) {
         same = na->kwargs()[i].first == nb->kwargs()[i].first &&
                same_but_ints(na->kwargs()[i].second, nb->kwargs()[i].second, ni.args);
+        if (!same) differing[0] = &na->kwargs()[i].second, differing[1] = &nb->kwargs()[i].second;
+      }
+      if (!same && differing[0] != nullptr && differing[0]->is_double() && differing[1]->is_double()) {
+        // x / math.sqrt(x.shape[1]): Python computes the number from the
+        // size, and the operator takes it as a constant.
+        std::ostringstream what;
+        what << "dynamic shapes: at %" << na->name() << " (" << na->target() << "), the program gives the number "
+             << differing[0]->to_double() << " at " << sizes_str(0) << " and " << differing[1]->to_double()
+             << " at " << sizes_str(j)
+             << ": a float computed from a dynamic size outside tensor operators (math.sqrt of a size, "
+                "say) is a constant of the graph, which would be wrong at other sizes. Compute it "
+                "with tensor operations from the size (x.new_full((), x.shape[1]).sqrt()), or make "
+                "the size fixed"
+             << where(*na);
+        throw TraceError(what.str());
       }
       if (!same) differ(*na, j, "the arguments differ in more than sizes");
       if (!same_meta_but_sizes(na->meta().val, nb->meta().val)) {

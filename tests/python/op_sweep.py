@@ -9,6 +9,8 @@ ways:
 
     trace                      torchcap.trace(f, tensors)
     trace+save+load            that module through torchcap.save and torchcap.load
+                               (and the file read by the reader without the
+                               compiled part too, which must accept it)
     dispatch_trace             torchcap.dispatch_trace(f, tensors)
     dispatch_trace+save+load   that module through torchcap.save and torchcap.load
 
@@ -500,6 +502,7 @@ def check_sample(key, op, index, sample, skip, emit, workdir):
     """Runs one sample through every stage not in `skip`, emitting events."""
     import torch
     import torchcap
+    import torchcap._load
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def start(stage):
@@ -597,7 +600,11 @@ def check_sample(key, op, index, sample, skip, emit, workdir):
 
         def make():
             torchcap.save(module, path)
-            return torchcap.load(path)
+            loaded = torchcap.load(path)
+            # The reader without the compiled part checks a file as the C++
+            # loader does, shapes too: it accepts what that accepted.
+            torchcap._load.load_in_python(path)
+            return loaded
         stage(name, make)
 
     if "make_fx" not in skip:

@@ -763,7 +763,14 @@ def test_run_profile_prints_where_the_time_goes_and_a_chrome_trace(tmp_path):
     assert events and all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
     j = json.loads(run("run", graph, "--profile", "--runs", "2", "--json").stdout)
     assert j["profile"]["runs"] == 2 and {n["target"] for n in j["profile"]["nodes"]} >= {"aten::convolution"}
-    assert error_of("run", graph, "--trace-json", trace, code=2).startswith("--trace-json requires --profile")
+    # --trace-json alone profiles too (issue 58), as docs/cli.md describes.
+    alone = tmp_path / "alone.json"
+    out = run("run", graph, "--trace-json", alone, "--runs", "2").stdout
+    assert f"saved the last run's trace to {alone}" in out and "\n2 runs, " in out
+    assert json.loads(alone.read_text())["traceEvents"]
+    assert error_of("run", graph, "--runs", "2") == "--runs needs --profile or --trace-json"
+    assert error_of("run", graph, "--trace-json", trace, "--steps", "1") == (
+        "--trace-json runs a graph; a training step's runs (--steps) would train it")
     assert error_of("run", graph, "--profile", "--runs", "0", code=2).startswith("--runs: Value 0 not in range")
     assert error_of("run", graph, "--profile", "--steps", "1") == (
         "--profile runs a graph; a training step's runs (--steps) would train it")

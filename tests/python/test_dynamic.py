@@ -216,12 +216,13 @@ def test_shape_logic_that_cannot_be_captured_is_an_error():
     with pytest.raises(torchcap.TraceError, match="item"):
         torchcap.trace(ByValue(), (torch.randn(4, 3),), dynamic_shapes=({0: Dim("batch")},))
 
-    class ScaledBySize(nn.Module):  # Python lifts the number as a constant tensor
+    class ScaledBySize(nn.Module):  # a float of a size: a constant of the graph
         def forward(self, x):
             return x / math.sqrt(x.shape[1])
 
-    with pytest.raises(torchcap.TraceError, match="the constant '_tensor_constant0' has other "
-                                                  "values at t=2 than at t=4"):
+    with pytest.raises(torchcap.TraceError, match=r"at %div \(aten::div.Tensor\), the program "
+                                                  r"gives the number 2 at t=4 and 1.41421 at t=2: "
+                                                  r"a float computed from a dynamic size"):
         torchcap.trace(ScaledBySize(), (torch.randn(2, 4),), dynamic_shapes=({1: Dim("t")},))
 
     class Clamped(nn.Module):
@@ -240,3 +241,28 @@ def test_dynamic_shapes_that_do_not_fit_the_arguments_are_refused():
         torchcap.trace(model, (torch.randn(2, 3),), dynamic_shapes={0: Dim("batch")})
     with pytest.raises(torchcap.TraceError, match="has 2 dimension"):
         torchcap.trace(model, (torch.randn(2, 3),), dynamic_shapes=({5: Dim("batch")},))
+
+
+def test_python_numbers_of_sizes_follow_the_size(tmp_path):
+    """Note [Python numbers as tensors]: an integer size divides as a Python
+    number (a size computation given for the Tensor parameter), and a float
+    of a size computed with tensor operations follows the size, as the
+    message for math.sqrt advises; both keep float32, before and after a
+    file."""
+    class ByCount(nn.Module):
+        def forward(self, x):
+            return x / x.shape[1]
+
+    class ByRoot(nn.Module):
+        def forward(self, x):
+            return x / x.new_full((), x.shape[1]).sqrt()
+
+    for model in (ByCount(), ByRoot()):
+        gm = torchcap.trace(model, (torch.randn(2, 4),), dynamic_shapes=({1: Dim("t")},))
+        torchcap.save(gm, tmp_path / "m.tcg")
+        back = torchcap.load(tmp_path / "m.tcg")
+        for t in (2, 3, 8):
+            x = torch.randn(2, t)
+            for m in (gm, back):
+                assert m(x).dtype == torch.float32
+                torch.testing.assert_close(m(x), model(x), rtol=0, atol=0)

@@ -308,7 +308,7 @@ def test_custom_operators_resolve_through_torch_ops(files, tmp_path):
         env=dict(os.environ, PYTHONPATH=str(pathlib.Path(torchcap.__file__).parents[1])))
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("ValueError: ") and "torchcap_fixture::scale" in last, last
+    assert last.startswith("torchcap.FormatError: ") and "torchcap_fixture::scale" in last, last
     assert "torch.ops.load_library(path)" in last, last
 
     # Registered (here by Python; a C++ library would be torch.ops.load_library'd).
@@ -376,15 +376,19 @@ def in_json(data, needle):
     return JSON_AT + data[JSON_AT:].index(needle)
 
 
-def error(tmp_path, data):
+def error(tmp_path, data, **options):
+    """torchcap.load's message for a file of `data`, which it must refuse with
+    a FormatError: a torchcap.Error that is also a ValueError (what the loader
+    raised before FormatError existed)."""
     path = tmp_path / "f.tcg"
     path.write_bytes(data)
-    with pytest.raises(ValueError) as e:
-        torchcap.load(path)
+    with pytest.raises(torchcap.FormatError) as e:
+        torchcap.load(path, **options)
+    assert isinstance(e.value, torchcap.Error) and isinstance(e.value, ValueError)
     return str(e.value).replace(str(path), "f.tcg")
 
 
-def test_damaged_files_raise_value_error_naming_the_problem(files, tmp_path):
+def test_damaged_files_raise_format_error_naming_the_problem(files, tmp_path):
     good = (files / "small.tcg").read_bytes()
     assert isinstance(torchcap.load(files / "small.tcg"), torch.fx.GraphModule)
 
@@ -808,6 +812,86 @@ def test_negative_padding_of_a_pad_is_no_window(tmp_path):
     path.write_bytes(one_call("aten::reflection_pad2d", [(F32, [1, 2, 5, 5])], [X[0], [-1] * 4]))
     gm = torchcap.load(path)
     assert gm(*random_inputs(gm)).shape == (1, 2, 3, 3)
+
+
+# --- Shapes (issue 58) ---------------------------------------------------------
+
+CALL = b'{"name":"call"'
+
+
+def with_recorded(data, node, dtype, sizes):
+    """`data` with node `node` recording one tensor of `dtype` and `sizes`."""
+    doc, tensors = sections(data)
+    entry = next(n for n in doc["nodes"] if n["name"] == node)
+    entry["meta"] = {"val": {"kind": "tensor", "tensors": [tensor_meta(dtype, sizes)]}}
+    return rebuild(doc, tensors)
+
+
+def test_files_whose_shapes_disagree_are_refused_at_load(tmp_path):
+    """Note [Checking a file's shapes]: each operator runs on meta tensors of
+    its inputs' recorded shapes when the file is loaded, in every loader, so
+    that a file whose integers no longer fit its shapes (one hostile integer,
+    checksums recomputed) is refused with the node and the byte offset the
+    command prints, not loaded to fail inside LibTorch at the first call."""
+    good = with_recorded(one_call("aten::view", [(F32, [3, 4])], [X[0], [12]]), "call", F32, [12])
+    path = tmp_path / "good.tcg"
+    path.write_bytes(good)
+    gm = torchcap.load(path)
+    x = torch.randn(3, 4)
+    assert torch.equal(gm(x), x.view(12))
+
+    bad = with_argument(good, 1, [1000003])
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, CALL)}: node %call (nodes[1]): aten::view fails on the recorded shapes: "
+        "shape '[1000003]' is invalid for input of size 12")
+    # The policy switch: loaded unchecked, the call fails inside the operator.
+    path.write_bytes(bad)
+    unchecked = torchcap.load(path, check_shapes=False)
+    with pytest.raises(RuntimeError, match=r"shape '\[1000003\]' is invalid"):
+        unchecked(x)
+
+    # A factory of 2^31 elements where the file records 4: refused, not run
+    # (it ran for minutes, allocating 16 GiB).
+    arange = with_recorded(one_call("aten::arange", [], [4]), "call", I64, [4])
+    path.write_bytes(arange)
+    assert torch.equal(torchcap.load(path)(), torch.arange(4))
+    bad = with_argument(arange, 0, 1 << 31)
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, CALL)}: node %call (nodes[0]): aten::arange "
+        "gives i64[2147483648] on the recorded shapes, but the file records i64[4]")
+
+    # A recorded result that its operator does not give.
+    bad = with_recorded(one_call("aten::mm", [(F32, [2, 3]), (F32, [3, 4])], [X[0], X[1]]), "call",
+                        F32, [2, 5])
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, CALL)}: node %call (nodes[2]): aten::mm "
+        "gives f32[2, 4] on the recorded shapes, but the file records f32[2, 5]")
+
+
+def number_for_tensor(minor):
+    """A file of version 1.`minor` computing x + 0.5 on an int64 x, the number
+    given for add.Tensor's Tensor parameter (Note [Python numbers as
+    tensors])."""
+    doc, data = sections(with_recorded(one_call("aten::add.Tensor", [(I64, [4])], [X[0], 0.5]),
+                                       "call", F32, [4]))
+    return rebuild_text(json.dumps(doc, separators=(",", ":")).encode(), data, minor=minor)
+
+
+def test_a_python_number_given_for_a_tensor_keeps_its_type_promotion(tmp_path):
+    """int64 + 0.5 is float32 in eager (0.5 is a wrapped number): the file
+    keeps the number as a number (version 1.6) and the loaded module computes
+    float32, as the traced one does."""
+    path = tmp_path / "n.tcg"
+    path.write_bytes(number_for_tensor(6))
+    gm = torchcap.load(path)
+    x = torch.arange(4)
+    assert gm(x).dtype == torch.float32 and torch.equal(gm(x), x + 0.5)
+    assert "torch.ops.aten.add.Tensor(x0, 0.5)" in gm.code
+    # No writer made such a file before version 1.6.
+    bad = number_for_tensor(2)
+    assert error(tmp_path, bad) == (
+        f"f.tcg: byte {in_json(bad, CALL)}: node %call (nodes[1]): numbers "
+        "given for Tensor parameters came in version 1.6; this file is version 1.2")
 
 
 # --- Weightless files (version 1.3) ---------------------------------------------

@@ -73,6 +73,7 @@ Json tables() {
   t["argument_tags"] = names(format::kArgumentTags);
   t["getitem_target"] = format::kGetItemTarget;
   t["output_target"] = format::kOutputTarget;
+  t["numbers_for_tensors_since"] = format::kNumbersForTensorsSince;
   t["size_targets"] = std::vector<std::string>(std::begin(format::kSizeTargets), std::end(format::kSizeTargets));
   Json keys = Json::object();
   for (const auto& [object, list] : format::keys::kAll) {
