@@ -113,7 +113,8 @@ double cpu_ms() {
 }
 
 // In a fresh process: `--measure-chain save PATH` builds the chain and saves
-// it; `--measure-chain load PATH` loads it. Prints the peak memory of that
+// it; `--measure-chain load PATH` loads it (`load-unchecked PATH`: without
+// the shape check). Prints the peak memory of that
 // one call in kB, its time in ms, and the CPU time it used in ms (on a
 // machine shared with other work, the time a process waits for a core shows
 // in the first and not in the second).
@@ -131,7 +132,9 @@ int measure_chain(const std::string& what, const std::string& path) {
     torchcap::GraphModule gm = chain_module(kChainLength);
     kb = peak_kb_during([&] { timed([&] { torchcap::save(gm, path); }); });
   } else {
-    kb = peak_kb_during([&] { timed([&] { torchcap::GraphModule gm = torchcap::load(path); }); });
+    torchcap::LoadOptions options;
+    options.check_shapes = what != "load-unchecked";
+    kb = peak_kb_during([&] { timed([&] { torchcap::GraphModule gm = torchcap::load(path, options); }); });
   }
   std::printf("%ld %.1f %.1f\n", kb, ms, cpu);
   return 0;
@@ -160,17 +163,26 @@ void chain_bench(const std::string& dir) {
     std::sort(v.begin(), v.end(), [](const Figures& a, const Figures& b) { return a.ms < b.ms; });
     return v[1];
   };
-  std::vector<Figures> saves, loads, pythons;
+  std::vector<Figures> saves, loads, unchecked_loads, pythons, unchecked_pythons;
   for (int i = 0; i < 3; ++i) saves.push_back(run_for_figures(self + " --measure-chain save '" + path + "'"));
-  for (int i = 0; i < 3; ++i) loads.push_back(run_for_figures(self + " --measure-chain load '" + path + "'"));
+  // With and without the shape check (docs/FORMAT.md, "Shapes"), in turn.
+  for (int i = 0; i < 3; ++i) {
+    loads.push_back(run_for_figures(self + " --measure-chain load '" + path + "'"));
+    unchecked_loads.push_back(run_for_figures(self + " --measure-chain load-unchecked '" + path + "'"));
+  }
   // Python: torchcap.load alone, after importing torch.
-  const std::string python =
-      "/usr/bin/python3 -c 'import sys, time, resource, torchcap; t = time.perf_counter(); "
-      "c = time.process_time(); gm = torchcap.load(sys.argv[1]); "
-      "t, c = time.perf_counter() - t, time.process_time() - c; "
-      "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, t * 1000, c * 1000)' '" + path + "'";
-  for (int i = 0; i < 3; ++i) pythons.push_back(run_for_figures(python));
+  auto python = [&](const char* options) {
+    return "/usr/bin/python3 -c 'import sys, time, resource, torchcap; t = time.perf_counter(); "
+           "c = time.process_time(); gm = torchcap.load(sys.argv[1]" + std::string(options) + "); "
+           "t, c = time.perf_counter() - t, time.process_time() - c; "
+           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, t * 1000, c * 1000)' '" + path + "'";
+  };
+  for (int i = 0; i < 3; ++i) {
+    pythons.push_back(run_for_figures(python("")));
+    unchecked_pythons.push_back(run_for_figures(python(", check_shapes=False")));
+  }
   const Figures save = median3(saves), load = median3(loads), py = median3(pythons);
+  const Figures unchecked = median3(unchecked_loads), unchecked_py = median3(unchecked_pythons);
   const double nodes = static_cast<double>(kChainLength);
   std::printf("serialize_chain200k_file_size: %.1f MB\n", fs::file_size(path) / (1024.0 * 1024.0));
   std::printf("serialize_chain200k_save: %.0f ms\n", save.ms);
@@ -179,8 +191,14 @@ void chain_bench(const std::string& dir) {
   std::printf("serialize_chain200k_load: %.0f ms\n", load.ms);
   std::printf("serialize_chain200k_load_cpu: %.0f ms\n", load.cpu_ms);
   std::printf("serialize_chain200k_load_peak_memory: %.2f KB/node\n", load.kb / nodes);
+  std::printf("serialize_chain200k_load_without_shape_check_cpu: %.0f ms\n", unchecked.cpu_ms);
+  std::printf("serialize_chain200k_shape_check_cpu: %.2f us/node\n",
+              (load.cpu_ms - unchecked.cpu_ms) * 1000 / nodes);
   std::printf("serialize_chain200k_python_load: %.0f ms\n", py.ms);
   std::printf("serialize_chain200k_python_load_cpu: %.0f ms\n", py.cpu_ms);
+  std::printf("serialize_chain200k_python_load_without_shape_check_cpu: %.0f ms\n", unchecked_py.cpu_ms);
+  std::printf("serialize_chain200k_python_shape_check_cpu: %.2f us/node\n",
+              (py.cpu_ms - unchecked_py.cpu_ms) * 1000 / nodes);
   std::printf("serialize_chain200k_python_peak_rss: %.0f MB\n", py.kb / 1024.0);
 }
 
@@ -246,6 +264,9 @@ int main(int argc, char** argv) {
   double save_memory_ms = median_ms([&] { (void)torchcap::save_to_string(gm); });
   double load_ms = median_ms([&] { (void)torchcap::load(path); });
   double unverified_ms = median_ms([&] { (void)torchcap::load(path, unverified); });
+  torchcap::LoadOptions unchecked = unverified;
+  unchecked.check_shapes = false;
+  double unchecked_ms = median_ms([&] { (void)torchcap::load(path, unchecked); });
   const double file_mb = fs::file_size(path) / (1024.0 * 1024.0);
   LoadMemory verified_memory = load_memory(path, true);
   LoadMemory unverified_memory = load_memory(path, false);
@@ -259,6 +280,7 @@ int main(int argc, char** argv) {
   std::printf("serialize_resnet18_load: %.2f ms\n", load_ms);
   std::printf("serialize_resnet18_load_without_checksums: %.2f ms\n", unverified_ms);
   std::printf("serialize_resnet18_load_checksums_ratio: %.2f x\n", load_ms / unverified_ms);
+  std::printf("serialize_resnet18_load_without_checksums_or_shape_check: %.2f ms\n", unchecked_ms);
   std::printf("serialize_resnet18_load_peak_rss_first_load: %.1f MB\n", verified_memory.first_mb);
   std::printf("serialize_resnet18_load_peak_rss_steady: %.1f MB\n", verified_memory.steady_mb);
   std::printf("serialize_resnet18_load_anonymous_memory: %.1f MB\n",

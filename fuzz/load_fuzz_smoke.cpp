@@ -8,8 +8,11 @@
 // fails the test. A mutant that kills the process (SIGFPE, SIGSEGV, SIGBUS,
 // SIGABRT) is written to CRASH_FILE on its way out, to reproduce with
 // `torchcap run`; one that throws, to CRASH_FILE.findingN.
+// With --corpus DIR, the mutants are also written to DIR (each that loaded,
+// and one in ten of the others) for fuzz/compare_loaders.py, which gives
+// them to the Python loaders and calls what loads (ctest load_fuzz_python).
 //
-//   load_fuzz_smoke CRASH_FILE [MUTANTS [SEED]]
+//   load_fuzz_smoke CRASH_FILE [MUTANTS [SEED]] [--corpus DIR]
 #include "harness.h"
 
 #include <ATen/Context.h>
@@ -19,6 +22,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -55,11 +59,20 @@ void keep_the_mutant(int sig) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string corpus;
+  if (argc >= 3 && std::string(argv[argc - 2]) == "--corpus") {
+    corpus = argv[argc - 1];
+    argc -= 2;
+  }
   if (argc < 2 || argc > 4) {
-    std::fprintf(stderr, "usage: load_fuzz_smoke CRASH_FILE [MUTANTS [SEED]]\n");
+    std::fprintf(stderr, "usage: load_fuzz_smoke CRASH_FILE [MUTANTS [SEED]] [--corpus DIR]\n");
     return 2;
   }
   crash_file = argv[1];
+  if (!corpus.empty()) {
+    std::filesystem::remove_all(corpus);
+    std::filesystem::create_directories(corpus);
+  }
   const long mutants = argc > 2 ? std::atol(argv[2]) : 30000;
   const unsigned long long seed = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 42;
   // Memory is bounded so that a mutant's huge allocation fails (an error the
@@ -93,6 +106,10 @@ int main(int argc, char** argv) {
       ++counts[static_cast<int>(o)];
       const bool ran = o == fuzz::Outcome::Ran || o == fuzz::Outcome::RunFailed;
       if (ran && pool.size() < kMaxPool) pool.push_back(file);
+      if (!corpus.empty() && (o != fuzz::Outcome::Refused || i % 10 == 0)) {
+        const std::string path = corpus + "/mutant-" + std::to_string(i) + ".tcg";
+        std::ofstream(path, std::ios::binary).write(file.data(), static_cast<std::streamsize>(file.size()));
+      }
     } catch (const std::exception& e) {
       ++findings;
       const std::string kept = std::string(crash_file) + ".finding" + std::to_string(findings);

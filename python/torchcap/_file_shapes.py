@@ -224,8 +224,9 @@ class ShapeChecker:
         except NotImplementedError:
             return _recorded_value(recorded)  # no meta kernel
         except Exception as e:  # noqa: BLE001 -- a kernel's error is the file's problem
-            # A node that records nothing claims nothing: running it will
-            # fail, and say so, but the file does not contradict itself.
+            # A node that records nothing claims nothing (a graph built by
+            # hand): running it will fail, and say so, but the file does not
+            # contradict itself.
             if recorded is None:
                 return None
             self.problem(node, f"{self.targets[node]} fails on the recorded shapes: "

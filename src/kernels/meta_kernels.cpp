@@ -3,7 +3,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/result_type.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
@@ -101,14 +103,51 @@ void convolution_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s)
   auto pick = [](const std::vector<int64_t>& v, int64_t i) {
     return v.empty() ? 0 : v[std::min<int64_t>(i, static_cast<int64_t>(v.size()) - 1)];
   };
+  // The CPU kernel's checks of how the operands fit (check_shape_forward).
+  TORCH_CHECK(input.dim() >= 3 && weight.dim() == input.dim(), "convolution: expected a weight of ",
+              input.dim(), " dimensions for an input of sizes ", input.sizes(), ", got weight of sizes ",
+              weight.sizes());
+  TORCH_CHECK(groups > 0, "non-positive groups is not supported");
+  const int64_t channels = transposed ? weight.size(0) : weight.size(1) * groups;
+  TORCH_CHECK(input.size(1) == channels, "Given groups=", groups, ", weight of size ", weight.sizes(),
+              ", expected input", input.sizes(), " to have ", channels, " channels, but got ",
+              input.size(1), " channels instead");
+  TORCH_CHECK(transposed || weight.size(0) % groups == 0, "Given groups=", groups,
+              ", expected weight to be divisible by ", groups, " at dimension 0, but got weight of size ",
+              weight.sizes(), " instead");
   std::vector<int64_t> shape = {input.size(0), transposed ? weight.size(1) * groups : weight.size(0)};
+  // No bias: none, or (a trace's stand-in for an undefined tensor) empty.
+  if (!a[2].isNone() && a[2].toTensor().defined() && a[2].toTensor().numel() != 0) {
+    const at::Tensor& bias = a[2].toTensor();
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == shape[1], "Given weight of size ", weight.sizes(),
+                ", expected bias to be 1-dimensional with ", shape[1], " elements, but got bias of size ",
+                bias.sizes(), " instead");
+  }
   for (int64_t d = 0; d + 2 < input.dim(); ++d) {
     int64_t in = input.size(d + 2), k = weight.size(d + 2);
     int64_t st = pick(stride, d), pad = pick(padding, d), dil = pick(dilation, d);
-    shape.push_back(transposed ? (in - 1) * st - 2 * pad + dil * (k - 1) + pick(output_padding, d) + 1
-                               : (in + 2 * pad - dil * (k - 1) - 1) / st + 1);
+    const int64_t out = transposed ? (in - 1) * st - 2 * pad + dil * (k - 1) + pick(output_padding, d) + 1
+                                   : (in + 2 * pad - dil * (k - 1) - 1) / st + 1;
+    TORCH_CHECK(out > 0 && in + 2 * pad >= dil * (k - 1) + 1, "Calculated output size is too small "
+                "for input of sizes ", input.sizes(), " and weight of sizes ", weight.sizes());
+    shape.push_back(out);
   }
   s->emplace_back(at::empty(shape, input.options().memory_format(input.suggest_memory_format())));
+}
+
+// (condition, self, other): the three broadcast together, self and other
+// promoted; the CPU kernel's checks of the condition's dtype.
+void where_self_meta(const c10::OperatorHandle&, c10::DispatchKeySet, Stack* s) {
+  auto a = take(s, 3);
+  const at::Tensor& condition = a[0].toTensor();
+  const at::Tensor& self = a[1].toTensor();
+  const at::Tensor& other = a[2].toTensor();
+  TORCH_CHECK(condition.scalar_type() == c10::kBool || condition.scalar_type() == c10::kByte,
+              "where expected condition to be a boolean tensor, but got a tensor with dtype ",
+              condition.scalar_type());
+  at::DimVector shape = at::infer_size_dimvector(condition.sizes(), self.sizes());
+  shape = at::infer_size_dimvector(shape, other.sizes());
+  s->emplace_back(at::empty(shape, self.options().dtype(at::result_type(self, other))));
 }
 
 // (self, shifts, dims): like LibTorch's CPU kernel, a contiguous result.
@@ -197,6 +236,7 @@ void ensure_meta_kernels() {
     register_meta<&index_select_meta>({"aten::index_select", ""}, *handles);
     register_meta<&convolution_meta>({"aten::convolution", ""}, *handles);
     register_meta<&roll_meta>({"aten::roll", ""}, *handles);
+    register_meta<&where_self_meta>({"aten::where", "self"}, *handles);
     register_meta<&native_multi_head_attention_meta>({"aten::_native_multi_head_attention", ""},
                                                      *handles);
     register_meta<&transformer_encoder_layer_fwd_meta>({"aten::_transformer_encoder_layer_fwd", ""},

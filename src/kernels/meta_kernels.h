@@ -1,7 +1,8 @@
 // Note [Meta kernels LibTorch 1.13 lacks]
 // Shape propagation and meta-mode tracing (TraceOptions::meta) run operators
 // on meta tensors, but LibTorch 1.13 has no meta implementation for a few
-// common operators (relu, native_batch_norm, index_select, var.correction;
+// common operators (relu, native_batch_norm, index_select, var.correction,
+// where.self;
 // convolution's composite kernel picks a backend that fails on meta; the
 // inference fast paths of nn.MultiheadAttention and nn.TransformerEncoderLayer,
 // _native_multi_head_attention and _transformer_encoder_layer_fwd). torchcap

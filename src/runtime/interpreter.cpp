@@ -333,9 +333,12 @@ std::vector<at::Tensor> execute(const detail::InterpreterPlan& plan, const std::
     } catch (const std::exception& e) {
       const NodeInfo& info = plan.node_infos[ins.node_info];
       std::string trace = info.stack_trace.str();
+      // LibTorch's errors carry the C++ backtrace of where they were raised,
+      // which says nothing to a user of the graph.
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
       throw RuntimeError("while executing " + info.line +
-                         (trace.empty() ? std::string() : "\ncaptured at:\n" + trace) +
-                         "\n" + e.what());
+                         (trace.empty() ? std::string() : "\ncaptured at:\n" + trace) + "\n" +
+                         (c10_error != nullptr ? c10_error->what_without_backtrace() : e.what()));
     }
     if (ins.explode) {
       c10::List<at::Tensor> list = stack.at(0).toTensorList();

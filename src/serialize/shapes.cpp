@@ -244,8 +244,9 @@ class ShapeChecker {
     } catch (std::exception& e) {
       const KernelError error = kernel_error(e);
       if (error.not_implemented) return recorded_value(n);
-      // A node that records nothing claims nothing: running it will fail,
-      // and say so with the node, but the file does not contradict itself.
+      // A node that records nothing claims nothing (a graph built by hand,
+      // without metadata): running it will fail, and say so with the node,
+      // but the file does not contradict itself.
       if (!n.meta().val.known()) return c10::IValue();
       problem = n.target() + " fails on the recorded shapes: " + error.message;
       return c10::IValue();

@@ -116,6 +116,37 @@ def test_saved_step_trains_on(tmp_path):
         assert torch.equal(loaded(x, y)["loss"], expected[i]), i
 
 
+def test_python_numbers_in_a_step_keep_eager_dtypes(tmp_path):
+    """Issue 58: a loss that scales integer targets by a Python number
+    computes in float32 in eager (0.5 is a wrapped number). The step keeps
+    the number as a number, saved and loaded too; as a float64 constant the
+    loss would compute in float64 after loading."""
+    torch.manual_seed(0)
+
+    def halves(out, y):
+        return ((out - y * 0.5) ** 2).mean()
+
+    model = torch.nn.Linear(3, 1).train()
+    initial = copy.deepcopy(model)
+    x, y = torch.randn(4, 3), torch.randint(0, 4, (4, 1))
+    step = torchcap.export_training(model, halves, (x,), (y,),
+                                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    torchcap.save(step, tmp_path / "step.tcg")
+    loaded = torchcap.load(tmp_path / "step.tcg")
+    for module in (step, loaded):
+        eager = copy.deepcopy(initial)
+        eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+        for _ in range(3):
+            eager_loss = halves(eager(x), y)
+            assert eager_loss.dtype == torch.float32
+            loss = module(x, y)["loss"]
+            assert loss.dtype == torch.float32
+            torch.testing.assert_close(loss, eager_loss.detach())
+            eager_opt.zero_grad()
+            eager_loss.backward()
+            eager_opt.step()
+
+
 def test_pickled_step_trains_on():
     # pickle carries a step, its optimizer state and its signature.
     torch.manual_seed(0)

@@ -1508,3 +1508,56 @@ def test_the_version_is_the_commands_and_the_format_docs_name_it():
     root = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
     with open(os.path.join(root, "docs", "FORMAT.md")) as f:
         assert f"\n| {torchcap.__version__} |" in f.read()
+
+
+# --- Python numbers in tensor arithmetic (issue 58) -------------------------------
+
+class PythonNumbers(nn.Module):
+    """Each result's dtype depends on a Python number being a wrapped number
+    (Note [Python numbers as tensors] in src/graph/ivalue_conversion.cpp): as
+    a float64 or int64 tensor, type promotion would give another dtype."""
+
+    def forward(self, i, f, b, h):
+        return (i + 0.5, i * 2.5 - 1, i / 2, f + 2, b + 1.5, b * 3, (1 - b.int()) * 0.25,
+                h + 1.0, h * 3)
+
+
+def python_number_inputs():
+    return (torch.arange(6).reshape(2, 3), torch.randn(2, 3), torch.tensor([[True, False, True]]),
+            torch.randn(2, 3).half())
+
+
+def test_python_numbers_keep_eager_dtypes_through_every_capture_and_file(tmp_path):
+    """An int tensor plus 0.5 is float32 in eager, as is every other result of
+    PythonNumbers; so it is after each capture, after save and load by both
+    loaders, and when the command runs the file. (Lifted as tensor constants,
+    the numbers lost what made them numbers in the file: float64.)"""
+    model, args = PythonNumbers(), python_number_inputs()
+    expected = model(*args)
+    assert [t.dtype for t in expected] == [torch.float32] * 5 + [
+        torch.int64, torch.float32, torch.float16, torch.float16]
+    captures = {
+        "trace": torchcap.trace(model, args),
+        "dispatch_trace": torchcap.dispatch_trace(model, args),
+        "export": torchcap.export(model, args),
+    }
+    captures["optimized"] = torchcap.optimize_for_inference(captures["trace"])
+    for name, gm in captures.items():
+        # The numbers are arguments, not float64 or int64 constants.
+        constants = [n for n, t in gm.named_buffers() if t.dim() == 0]
+        assert not constants, (name, constants)
+        path = tmp_path / f"{name}.tcg"
+        torchcap.save(gm, path)
+        from torchcap._load import load_in_python
+        for how, module in (("captured", gm), ("loaded", torchcap.load(path)),
+                            ("read in Python", load_in_python(path))):
+            got = module(*args)
+            for k, (g, e) in enumerate(zip(got, expected)):
+                assert g.dtype == e.dtype, (name, how, k, g.dtype, e.dtype)
+                torch.testing.assert_close(g, e, rtol=0, atol=0, msg=f"{name} {how} {k}")
+        cli = os.environ.get("TORCHCAP_CLI")
+        if cli:
+            out = subprocess.run([cli, "run", str(path), "--json"], capture_output=True, text=True,
+                                 check=True).stdout
+            dtypes = [o["dtype"] for o in __import__("json").loads(out)["outputs"]]
+            assert dtypes == [str(e.dtype).replace("torch.", "") for e in expected], (name, dtypes)
