@@ -115,6 +115,7 @@ bench: build
 	$(BUILD_DIR)/memory_bench
 	$(BUILD_DIR)/dynamic_bench
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/python_trace_bench.py
+	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/python_load_bench.py
 	PYTHONPATH=$(BUILD_DIR)/python /usr/bin/python3 bench/optimize_bench.py
 
 # libFuzzer over the loader: clang, AddressSanitizer, its own build directory.

@@ -4,6 +4,7 @@
 #include <torchcap/export.h>
 #include <torchcap/interpreter.h>
 #include <torchcap/printer.h>
+#include <torchcap/serialize.h>
 #include <torchcap/tracer.h>
 
 #include "counting_allocator.h"
@@ -12,6 +13,7 @@
 #include "zoo.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -358,6 +360,35 @@ TEST(Constants, FactoriesInsideForwardAreRecorded) {
   EXPECT_EQ(count_target(gm, "aten::zeros"), 1u);
   EXPECT_EQ(count_target(gm, "aten::t"), 1u);
   EXPECT_TRUE(gm.attributes().empty());
+}
+
+// Note [Python numbers as tensors]: what Python's `x + 0.5` calls, add.Tensor
+// with a wrapped number, records the number, not a tensor constant; the
+// graph computes eager's float32 on an int64 input when run, and after a
+// file (version 1.6), where a float64 constant would compute float64.
+TEST(Constants, WrappedNumbersAreRecordedAsNumbers) {
+  auto program = [](IValues in) {
+    at::Tensor x = in[0].toTensor();
+    return c10::IValue(at::add(x, at::native::wrapped_scalar_tensor(0.5)) *
+                       at::native::wrapped_scalar_tensor(int64_t{3}));
+  };
+  const at::Tensor x = at::arange(4);
+  const at::Tensor eager = program({x}).toTensor();
+  ASSERT_EQ(eager.scalar_type(), at::kFloat);
+  GraphModule gm = trace(program, {x});
+  EXPECT_TRUE(gm.attributes().empty());
+  const Node* add = nullptr;
+  for (const Node* n : gm.graph()) {
+    if (n->target() == "aten::add.Tensor") add = n;
+  }
+  ASSERT_NE(add, nullptr);
+  ASSERT_TRUE(add->args()[1].is_double());
+  EXPECT_EQ(add->args()[1].to_double(), 0.5);
+  EXPECT_TRUE(at::equal(Interpreter(gm).run({x}).toTensor(), eager));
+  const std::string file = save_to_string(gm);
+  EXPECT_EQ(file[10], 6);  // the minor version: numbers for tensor parameters
+  GraphModule loaded = load_from_buffer(file.data(), file.size());
+  EXPECT_TRUE(at::equal(Interpreter(loaded).run({x}).toTensor(), eager));
 }
 
 // --- Decomposition control ---------------------------------------------------

@@ -6,11 +6,13 @@ has one, its byte offset:
 
     model.tcg: byte 8: format version 2.0 is not supported; ...
 
-It does not check operator schemas: a call with arguments that do not fit its
-operator fails when the module runs, as any torch.fx call would. The C++
-loader (torchcap::load) checks schemas as well, and shapes. But it does refuse,
-as the C++ loader does, the arguments some kernels would not survive (a
-convolution's groups of 0: Note [Integers kernels divide by]).
+It checks what the C++ loader (torchcap::load) checks, with its messages:
+the arguments some kernels would not survive (a convolution's groups of 0:
+Note [Integers kernels divide by]), and the file's shapes, each operator run
+on meta tensors of its inputs' recorded shapes (_file_shapes.py, Note
+[Checking a file's shapes]). Of operator schemas it checks keyword names; a
+call whose other arguments do not fit its schema fails the shape check, with
+LibTorch's message.
 
 With the compiled part (torchcap._C), torchcap.load reads a file with the C++
 loader instead, and makes its module as a trace's is made (Note [One bridge to

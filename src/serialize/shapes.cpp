@@ -22,7 +22,10 @@
 // node's recorded metadata, unverified, stands for its value, and checking
 // goes on from there.
 //
-// It runs once per file, after lint; docs/FORMAT.md says what it costs.
+// It runs once per file, after lint, in every loader: this one (the command,
+// C++ load, torchcap.load with its compiled part) and the Python reader
+// without it (python/torchcap/_file_shapes.py), which follows it step by step.
+// docs/FORMAT.md says what it costs.
 #include "serialize/shapes.h"
 
 #include <torchcap/evaluator.h>
