@@ -776,6 +776,42 @@ TEST(BadInput, DataDependentValues) {
   gm.lint();
 }
 
+// Note [Values no input can change]: a value computed from sizes and
+// literals only is a constant of the graph; reading it needs no permission.
+TEST(DataDependence, ValuesNoInputCanChangeAreConstants) {
+  auto program = [](IValues in) {
+    const at::Tensor& x = in[0].toTensor();
+    const double half = (at::tensor({static_cast<double>(x.size(0))}) / 2).item<double>();
+    return c10::IValue(x * half);
+  };
+  GraphModule gm = trace(program, {at::ones({4})});
+  EXPECT_EQ(count_target(gm, "aten::_local_scalar_dense"), 0u);
+  EXPECT_TRUE(at::equal(Interpreter(gm).run({at::ones({4})}).toTensor(), at::full({4}, 2.0)));
+}
+
+// Note [Guards of values the program read]: allowed, a read of an input's
+// value is baked in and checked on every run.
+TEST(DataDependence, ReadsOfInputValuesAreGuarded) {
+  TraceOptions allow;
+  allow.allow_data_dependent_values = true;
+  GraphModule gm = trace([](IValues in) {
+    const at::Tensor& x = in[0].toTensor();
+    return c10::IValue(x.sum().item<double>() > 0 ? x * 2 : x * 3);
+  }, {at::ones({2})}, allow);
+  EXPECT_EQ(count_target(gm, "torchcap::guard_value"), 1u);
+  Interpreter interpreter(gm);
+  EXPECT_TRUE(at::equal(interpreter.run({at::ones({2})}).toTensor(), at::full({2}, 2.0)));
+  try {
+    interpreter.run({-at::ones({2})});
+    FAIL() << "a run that reads another value was not refused";
+  } catch (const RuntimeError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("read a value out of a tensor that was 2 when it was traced and is -2 in this run"),
+              std::string::npos)
+        << message;
+  }
+}
+
 // Note [Data-dependent values]: decided by each operator's registration, so
 // every way of reading data into C++ is refused, not only .item().
 TEST(BadInput, EveryDataDependentValueIsRefused) {
@@ -926,14 +962,17 @@ TEST(RawReads, OfTracedTensorsAreRefusedNamingTheTensor) {
   });
   EXPECT_EQ(message.rfind("The program reads the memory of traced tensor %ph_0 directly", 0), 0u)
       << message;
-  // Allowed, the values are read and baked in, as .item()'s are.
+  // Allowed, the values are read and baked in, as .item()'s are, and
+  // checked on every run (Note [Guards of values the program read]): the
+  // graph answers for the values it was traced with, and refuses others.
   TraceOptions allow;
   allow.allow_data_dependent_values = true;
   GraphModule gm = trace([](IValues in) {
     const float* p = in[0].toTensor().data_ptr<float>();
     return c10::IValue(in[0].toTensor() * p[0]);
   }, {at::full({2}, 3.0)}, allow);
-  EXPECT_TRUE(at::allclose(Interpreter(gm).run({at::ones({2})}).toTensor(), at::full({2}, 3.0)));
+  EXPECT_TRUE(at::allclose(Interpreter(gm).run({at::full({2}, 3.0)}).toTensor(), at::full({2}, 9.0)));
+  EXPECT_THROW(Interpreter(gm).run({at::ones({2})}), RuntimeError);
 }
 
 TEST(RawReads, ByALibTorchFunctionNameIt) {

@@ -20,4 +20,19 @@ namespace torchcap {
 // and the loader's reason when it cannot be loaded.
 void load_library(const std::string& path);
 
+// Note [Operator libraries found by their namespace]: loads the library that
+// defines the operators of namespace `ns` from where its Debian package
+// installs it, for the namespaces torchcap knows: "torchvision" (the _C*.so
+// inside the python3-torchvision package, which links only LibTorch). Returns
+// whether it loaded one now; false when `ns` is not one of those, its
+// library was loaded before, or the package is not installed. The loaders
+// call it for an operator they do not find, as `torchcap trace` does for a
+// TorchScript file; a program that links or loads the library itself never
+// needs it.
+bool load_library_of_namespace(const std::string& ns);
+
+// Where load_library_of_namespace looks for namespace `ns`'s library, for
+// messages ("" when torchcap knows no place for it).
+std::string library_location_of_namespace(const std::string& ns);
+
 }  // namespace torchcap

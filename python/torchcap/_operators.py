@@ -39,18 +39,39 @@ def resolve_operator(target):
     # getattr also finds Python attributes of the packet (__call__, ...).
     if isinstance(op, torch._ops.OpOverload):
         return op, None
+    if ns == "torchvision" and _import_torchvision():
+        return resolve_operator(target)
     if ns in ("aten", "prim", "prims"):
         return None, f"call_function: no operator {target} is registered"
     if ns == "torchcap":
-        # Note [torchcap's packed convolution] in src/kernels/onednn.h
+        # Note [torchcap's packed convolution] in src/kernels/onednn.h, Note
+        # [Guards of values the program read] in src/kernels/guards.cpp
         return None, (f"call_function: {target} is one of torchcap's own operators (a graph "
-                      "optimized for inference), which its compiled part, torchcap._C, "
-                      "registers; this Python reader runs without it")
+                      "optimized for inference, or a check of a value the traced program "
+                      "read), which its compiled part, torchcap._C, registers; this Python "
+                      "reader runs without it")
     # A custom operator: registered only once its library is loaded.
     return None, (f"call_function: no operator {target} is registered in torch.ops; load the "
                   "library that defines it first: torch.ops.load_library(path), or import the "
                   "Python package that registers it (import torchvision for torchvision:: "
                   "operators)")
+
+
+_TORCHVISION_IMPORTED = []
+
+
+def _import_torchvision():
+    """Note [Operator libraries found by their namespace] (include/torchcap/
+    library.h): torchvision's operators are registered by importing it.
+    Whether this call imported it now (once; False when it is not installed)."""
+    if _TORCHVISION_IMPORTED:
+        return False
+    _TORCHVISION_IMPORTED.append(True)
+    try:
+        import torchvision  # noqa: F401 -- registers torch.ops.torchvision
+    except ImportError:
+        return False
+    return True
 
 
 def operator_name(op):

@@ -204,6 +204,9 @@ json summary_json(const GraphModule& gm) {
 // defines turned into what to do about it.
 torch::jit::Module load_torchscript(const std::string& path) {
   check_model_file(path);
+  // Note [Operator libraries found by their namespace] (library.h): a
+  // scripted torchvision model's operators, where the package is installed.
+  load_library_of_namespace("torchvision");
   try {
     return torch::jit::load(path);
   } catch (const std::exception& e) {
@@ -218,7 +221,9 @@ torch::jit::Module load_torchscript(const std::string& path) {
       std::string op = what.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
       std::string ns = detail::operator_namespace(c10::OperatorName{op, ""});
       std::string hint = ns == "torchvision"
-                             ? " (torchvision's is the _C*.so file inside its Python package)"
+                             ? " (torchvision's is the _C*.so file inside its Python package; "
+                               "torchcap loads it from " + library_location_of_namespace(ns) +
+                                   " when Debian's python3-torchvision is installed)"
                              : "";
       throw Error(path + " calls the operator " + op + ", which no loaded library defines: load the "
                   "library of the '" + ns + "' operators with --library PATH" + hint);

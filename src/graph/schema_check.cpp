@@ -61,6 +61,20 @@ const char* describe(const Argument& a) {
   return a.kind_name();
 }
 
+// A node whose one result is a number (int, float, bool or Scalar).
+bool is_number_node(const Node& n) {
+  if (!n.is_operator() || n.schema().returns().size() != 1) return false;
+  switch (n.schema().returns()[0].real_type()->kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::NumberType:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool is_tensor_node(const Argument& a) {
   return a.is_node() && produces(*a.to_node()) == Produces::Tensor;
 }
@@ -85,8 +99,10 @@ bool fits(const c10::Type& type, const Argument& a, bool element = false) {
     case K::BoolType:
       return a.is_bool();
     case K::NumberType:
+      // A number node: a size computation, or a value read from a tensor
+      // (Note [Guards of values the program read] in kernels/guards.cpp).
       return a.is_int() || a.is_double() || a.is_bool() ||
-             (a.is_node() && a.to_node()->is_size_computation());
+             (a.is_node() && (a.to_node()->is_size_computation() || is_number_node(*a.to_node())));
     case K::StringType:
       return a.is_string();
     case K::ScalarTypeType:
@@ -667,7 +683,9 @@ std::string check_trusting_kernels(const Node& n, MetaOf meta_of) {
     if (in->is_size_computation()) return "";
   }
   const c10::FunctionSchema& schema = n.schema();
-  bool tensors = false;
+  // torchcap's own check of a number read from a tensor (Note [Guards of
+  // values the program read] in kernels/guards.cpp) divides by nothing.
+  bool tensors = schema.name() == "torchcap::guard_value";
   for (const c10::Argument& a : schema.arguments()) {
     tensors = tensors || mentions_tensor(*a.real_type());
   }

@@ -13,6 +13,7 @@
 // is checked against its schema as it is made, so the first problem is
 // reported with the byte where its node starts.
 #include <torchcap/error.h>
+#include <torchcap/library.h>
 #include <torchcap/serialize.h>
 
 #include "graph/ivalue_conversion.h"
@@ -675,10 +676,16 @@ class Reader {
     auto it = operators_.find(target);
     if (it != operators_.end()) return it->second;
     c10::optional<c10::OperatorHandle> handle;
+    c10::OperatorName name{"", ""};
     try {
-      handle = c10::Dispatcher::singleton().findSchema(detail::parse_operator_name(target));
+      name = detail::parse_operator_name(target);
     } catch (const Error&) {
       return std::nullopt;  // not a qualified name: Graph::call_function says so
+    }
+    handle = c10::Dispatcher::singleton().findSchema(name);
+    // Note [Operator libraries found by their namespace] (library.h)
+    if (!handle && load_library_of_namespace(detail::operator_namespace(name))) {
+      handle = c10::Dispatcher::singleton().findSchema(name);
     }
     if (!handle) return std::nullopt;
     operators_.emplace(target, *handle);
@@ -750,8 +757,19 @@ class Reader {
       std::string what = ex.what();
       if (opcode == OpCode::CallFunction && is_custom_operator(target) && n == nullptr) {
         // Note [Custom operators]: registered only once their library is loaded.
-        what += "; load the library that defines it first (dlopen it or link it into the "
-                "program, as torch.ops.load_library does in Python)";
+        std::string ns;
+        try {
+          ns = detail::operator_namespace(detail::parse_operator_name(target));
+        } catch (const Error&) {
+        }
+        const std::string known = library_location_of_namespace(ns);
+        what += known.empty()
+                    ? "; load the library that defines it first (dlopen it or link it into the "
+                      "program, as torch.ops.load_library does in Python)"
+                    : "; it is " + ns + "'s, whose library torchcap loads from " + known +
+                          " (Debian's python3-" + ns + ") where it is installed: install it, or "
+                          "load the library that defines it first (dlopen it, as "
+                          "torch.ops.load_library does in Python)";
       }
       fail(nullptr, what);
     }

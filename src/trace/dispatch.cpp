@@ -201,13 +201,42 @@ TraceError immutable_write_error(const std::string& argument, const c10::Functio
                     "its inputs (TraceOptions::allow_input_mutation, or torchcap::export).");
 }
 
-// Step 0: a plain value read from tensor data would be baked in. Returns
-// whether the call is at::equal of a value with itself, whose answer (true)
-// the trace knows without data.
-bool check_data_dependence(TraceState& st, const OpCall& c) {
-  if (!c.facts.returns_data) return false;
-  if (!st.meta() && st.options().allow_data_dependent_values) return false;
-  if (c.facts.is_equal && same_value_comparison(st, c.schema, *c.stack, c.base)) return true;
+// Whether every tensor the call reads holds a value no input can change
+// (Note [Values no input can change] in tracer.cpp).
+bool reads_constant_values_only(TraceState& st, const OpCall& c) {
+  for (size_t i = 0; i < c.num_args(); ++i) {
+    const c10::IValue& v = c.arg(i);
+    if (v.isTensor()) {
+      if (v.toTensor().defined() && !st.is_constant_value(v.toTensor())) return false;
+    } else if (v.isList()) {
+      for (const c10::IValue& e : v.toListRef()) {
+        if (e.isTensor() && e.toTensor().defined() && !st.is_constant_value(e.toTensor())) return false;
+      }
+    }
+  }
+  return true;
+}
+
+void record_source(TraceState& st, Node* node);
+
+// What a call that reads tensor data into a plain value is.
+enum class DataRead {
+  None,       // the call reads no tensor data (or nothing the graph cannot know)
+  SameValue,  // at::equal of a value with itself: true, which the trace knows
+  Guarded,    // a value an input can change, baked and guarded
+};
+
+// Step 0: a plain value read from tensor data would be baked in. Refused,
+// unless the values are constants (Note [Values no input can change] in
+// tracer.cpp) or the program allows it: then the read is guarded (Note
+// [Guards of values the program read] in kernels/guards.cpp).
+DataRead check_data_dependence(TraceState& st, const OpCall& c) {
+  if (!c.facts.returns_data) return DataRead::None;
+  if (c.facts.is_equal && same_value_comparison(st, c.schema, *c.stack, c.base)) {
+    return DataRead::SameValue;
+  }
+  if (!st.meta() && reads_constant_values_only(st, c)) return DataRead::None;
+  if (!st.meta() && st.options().allow_data_dependent_values) return DataRead::Guarded;
   if (st.meta()) {
     throw TraceError(c.target +
                      " reads a tensor's value into C++ (for example .item(), at::equal, allclose "
@@ -220,8 +249,47 @@ bool check_data_dependence(TraceState& st, const OpCall& c) {
                    "allclose or a tensor used as a condition); the graph would bake "
                    "that value, and any branch taken on it, in. Keep the computation in tensors "
                    "(torch::where instead of a branch), or set "
-                   "TraceOptions::allow_data_dependent_values. Schema: " + schema_str(c.schema) +
+                   "TraceOptions::allow_data_dependent_values (the value is then baked in and "
+                   "checked on every run). Schema: " + schema_str(c.schema) +
                    st.program_location());
+}
+
+// The read's node (its value is a number, which the program took), and after
+// it the guard that compares what it reads on every run with the value
+// traced (Note [Guards of values the program read] in kernels/guards.cpp).
+void record_guarded_read(TraceState& st, const OpCall& c, ArgumentList args, Kwargs kwargs) {
+  const c10::IValue& value = c.stack->back();
+  // LibTorch 1.13 hands a bool tensor's .item() back as an int.
+  const c10::IValue& first = c.arg(0);
+  const bool of_bools = first.isTensor() && first.toTensor().defined() &&
+                        first.toTensor().scalar_type() == c10::kBool;
+  Argument expected;
+  if (value.isDouble()) {
+    expected = Argument(value.toDouble());
+  } else if (value.isInt() && of_bools) {
+    expected = Argument(value.toInt() != 0);
+  } else if (value.isInt()) {
+    expected = Argument(value.toInt());
+  } else if (value.isBool()) {
+    expected = Argument(value.toBool());
+  } else {
+    throw TraceError(c.target + " returns " + value.tagKind() +
+                     ", a value read from tensor data that torchcap cannot check on every run; "
+                     "keep the computation in tensors" + st.program_location());
+  }
+  Graph& g = st.graph();
+  Node* read = record_node(g, c.op, c.facts, std::move(args), std::move(kwargs));
+  record_source(st, read);
+  static const c10::OperatorHandle guard =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchcap::guard_value", "");
+  // What read it, and where: the message of a failed guard names the line
+  // whichever way the graph runs (the interpreter, torch.fx's code).
+  const std::string what = (c.target == "aten::_local_scalar_dense"
+                                ? std::string(".item(), float(), int() or a tensor as a condition")
+                                : c.target) +
+                           st.program_location();
+  Node* check = g.call_function(guard, {Argument(read), std::move(expected), Argument(what)});
+  record_source(st, check);
 }
 
 // Step 0, continued: a result whose shape depends on tensor values would
@@ -599,7 +667,8 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   const OperatorFacts& facts = facts_of(st, op);
   OpCall c{op, schema, facts, facts.identity->qualified, stack,
            stack->size() - schema.arguments().size()};
-  if (check_data_dependence(st, c) && st.meta()) {
+  const DataRead read = check_data_dependence(st, c);
+  if (read == DataRead::SameValue && st.meta()) {
     // at::equal(x, x): true, which a meta kernel cannot say.
     c.stack->erase(c.stack->begin() + static_cast<std::ptrdiff_t>(c.base), c.stack->end());
     c.stack->emplace_back(true);
@@ -609,6 +678,10 @@ void trace_op(TraceState& st, const c10::OperatorHandle& op, Stack* stack) {
   std::vector<bool> written = check_writes(c);
   auto [args, kwargs] = record_arguments(st, c);
   Originals original = run_operator(st, c, written);
+  if (read == DataRead::Guarded && c.schema.returns().size() == 1) {
+    record_guarded_read(st, c, std::move(args), std::move(kwargs));
+    return;
+  }
   if (!has_tensor_results(c)) return;
   record_results(st, c, std::move(args), std::move(kwargs), original);
 }

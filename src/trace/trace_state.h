@@ -74,6 +74,12 @@ class TraceState {
     return node_for(t, [&what] { return what; });
   }
 
+  // Note [Values no input can change] (tracer.cpp): whether `t`'s value
+  // follows from constants alone (lifted constants, literals, sizes), not
+  // from an input's, a parameter's or a buffer's values, or from random
+  // numbers: reading it (.item()) reads a constant of the graph.
+  bool is_constant_value(const at::Tensor& t);
+
   // A plain tensor's value is now `node`'s (after an in-place op on it).
   void rebind_plain(const at::Tensor& t, Node* node);
 
@@ -140,6 +146,8 @@ class TraceState {
   ska::flat_hash_map<const c10::FunctionSchema*, const OperatorFacts*> facts_;
   int64_t next_constant_ = 0;
   const Node* origin_ = nullptr;
+  // is_constant_value's answers by node: a node's value never changes.
+  std::unordered_map<const Node*, bool> constant_nodes_;
 };
 
 // The trace active on this thread, or nullptr.

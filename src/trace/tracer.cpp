@@ -9,6 +9,7 @@
 #include "trace/trace_state.h"
 #include "trace/tracing_tensor.h"
 
+#include <ATen/core/enum_tag.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/InferenceMode.h>
@@ -265,6 +266,75 @@ Node* TraceState::node_for(const at::Tensor& t, c10::function_ref<std::string()>
     unsnapshotted_by_storage_[t.storage().unsafeGetStorageImpl()].push_back(impl);
   }
   return node;
+}
+
+// Note [Values no input can change]
+// A program reads some tensors' values into C++ or Python (.item(), float(),
+// a tensor as a condition) that no input can change: computed only from
+// constants, literals and sizes. torchvision's detection transform computes
+// its resize factor as torch.tensor(image.shape[-2:]) and reads it back;
+// MultiScaleRoIAlign reads log2 of a ratio of sizes. Such a read is a
+// constant of the graph, as the sizes it came from are, and is allowed. A
+// value is constant when its node is a lifted constant's get_attr (not a
+// parameter's or a buffer's: weights are bound and trained), or an operator
+// that draws no random numbers applied to constant values only; a
+// placeholder, and anything computed from one, is not. The answer is kept
+// per node, found by a walk over the node's inputs (a work list, not
+// recursion: STYLE 13).
+bool TraceState::is_constant_value(const at::Tensor& t) {
+  Node* start = nullptr;
+  if (TracingTensorImpl* w = maybe_get_tracing_impl(t)) {
+    if (w->trace_id() != id_) return false;
+    start = w->node() != nullptr ? w->node() : w->source();
+  } else {
+    if (module_tensors_.find(t.unsafeGetTensorImpl()) != nullptr) return false;
+    auto it = known_.find(t.unsafeGetTensorImpl());
+    if (it == known_.end()) return true;  // a tensor the graph has not met: a constant
+    start = it->second.node;
+  }
+  if (start == nullptr) return false;
+  std::vector<const Node*> work = {start};
+  while (!work.empty()) {
+    const Node* n = work.back();
+    if (constant_nodes_.count(n)) {
+      work.pop_back();
+      continue;
+    }
+    std::optional<bool> answer;
+    switch (n->op()) {
+      case OpCode::Placeholder:
+      case OpCode::Output:
+        answer = false;
+        break;
+      case OpCode::GetAttr:
+        answer = module_.attribute(n->target()).kind == AttributeKind::Constant;
+        break;
+      case OpCode::CallFunction:
+        if (n->is_size_computation() ||
+            (n->is_operator() && n->op_handle().hasTag(at::Tag::nondeterministic_seeded))) {
+          answer = false;
+          break;
+        }
+        c10::SmallVector<const Node*, 4> pending;
+        for (const Node* in : n->inputs()) {
+          auto it = constant_nodes_.find(in);
+          if (it == constant_nodes_.end()) {
+            pending.push_back(in);
+          } else if (!it->second) {
+            answer = false;
+            break;
+          }
+        }
+        if (!answer && pending.empty()) answer = true;
+        if (!answer) work.insert(work.end(), pending.begin(), pending.end());  // n waits for them
+        break;
+    }
+    if (answer) {
+      constant_nodes_[n] = *answer;
+      work.pop_back();
+    }
+  }
+  return constant_nodes_.at(start);
 }
 
 at::Tensor TraceState::attribute_tensor(const std::string& name, const at::Tensor& value,

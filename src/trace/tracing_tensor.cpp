@@ -135,8 +135,15 @@ bool TracingTensorImpl::expose_storage() const {
   auto* self = const_cast<TracingTensorImpl*>(this);
   const bool fresh = node_ != nullptr && node_->op() == OpCode::CallFunction && node_->inputs().empty();
   if (!fresh) {
-    if (!st->options().allow_data_dependent_values || st->meta()) throw_raw_read(*st);
-    // Read access to the values, which the graph will hold baked in.
+    // Note [Values no input can change] (tracer.cpp): a constant's memory is
+    // read as .item() reads it.
+    const bool constant = !st->meta() && st->is_constant_value(at::Tensor(
+        c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(self)));
+    if (!constant && (!st->options().allow_data_dependent_values || st->meta())) throw_raw_read(*st);
+    // Read access to the values, which the graph will hold baked in; each
+    // run checks them (Note [Guards of values the program read] in
+    // kernels/guards.cpp).
+    if (!constant) guard_raw_read(*st);
     self->expose(value_);
     return true;
   }
@@ -153,6 +160,21 @@ bool TracingTensorImpl::expose_storage() const {
   }
   self->expose(written);
   return true;
+}
+
+void TracingTensorImpl::guard_raw_read(detail::TraceState& st) const {
+  c10::impl::ExcludeDispatchKeyGuard no_tracer(detail::kTracerKey);
+  static const c10::OperatorHandle guard =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchcap::guard_values", "");
+  if (node_ == nullptr && source_ == nullptr) return;
+  auto* self = const_cast<TracingTensorImpl*>(this);
+  Node* read = st.node_for(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(self)),
+                           "a tensor read directly");
+  Node* expected = st.node_for(value_.clone(), "the traced values of a tensor read directly");
+  Node* check = st.graph().call_function(
+      guard, {Argument(read), Argument(expected),
+              Argument(".tolist(), .numpy() or a data pointer" + st.program_location())});
+  check->meta().stack_trace = read->meta().stack_trace;
 }
 
 void TracingTensorImpl::expose(const at::Tensor& memory) {

@@ -84,6 +84,9 @@ class TracingTensorImpl final : public c10::TensorImpl {
     storage_access_should_throw_ = false;
   }
   [[noreturn]] void throw_raw_read(detail::TraceState& st) const;
+  // Records the check of the values a raw read bakes in (Note [Guards of
+  // values the program read] in kernels/guards.cpp).
+  void guard_raw_read(detail::TraceState& st) const;
   c10::intrusive_ptr<TensorImpl> copy_with(c10::VariableVersion version_counter,
                                            bool allow_tensor_metadata_change) const;
 

@@ -746,6 +746,71 @@ def test_data_dependent_control_flow_is_an_error_naming_the_line():
     assert torch.equal(gm(x), f(x))
 
 
+def test_values_no_input_can_change_are_read_as_constants():
+    """Note [Values no input can change]: torchvision's detection transform
+    reads a factor computed from the image's sizes and literals (`.item()`,
+    `float()`), and MultiScaleRoIAlign log2 of a ratio of sizes; those reads
+    are constants of the graph, allowed without allow_data_dependent_values.
+    A parameter's value is not such a constant, nor a random number."""
+    class Resize(nn.Module):
+        def forward(self, image):
+            im_shape = torch.tensor(image.shape[-2:])
+            scale = torch.min(200.0 / im_shape.min().to(torch.float32), 300.0 / im_shape.max())
+            factor = scale.item()
+            level = float(torch.tensor(100 / image.shape[-1]).log2().round())
+            return torch.nn.functional.interpolate(image[None], scale_factor=factor)[0] * level
+
+    image = torch.rand(3, 40, 60)
+    gm = torchcap.trace(Resize(), (image,))
+    assert all(n.target is not torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes)
+    assert torch.equal(gm(image), Resize()(image))
+
+    class ByWeight(nn.Linear):
+        def forward(self, x):
+            return x * self.weight.sum().item()
+
+    with pytest.raises(torchcap.TraceError, match="aten::_local_scalar_dense reads a tensor's value"):
+        torchcap.trace(ByWeight(2, 2), (torch.ones(2),))
+    with pytest.raises(torchcap.TraceError, match="aten::_local_scalar_dense reads a tensor's value"):
+        torchcap.trace(lambda x: x * torch.rand(()).item(), (torch.ones(2),))
+
+
+def test_values_read_with_allow_data_dependent_values_are_guarded(tmp_path):
+    """Note [Guards of values the program read]: the read is baked in and
+    checked on every run, by the traced module, a loaded one and the
+    command; a run that reads another value fails naming the line and both
+    values, instead of answering with the traced branch."""
+    def f(x):
+        return x * 2 if x.sum() > 0 else x * 3
+
+    gm = torchcap.trace(f, (torch.ones(3),), allow_data_dependent_values=True)
+    assert any(n.target is torch.ops.torchcap.guard_value.default for n in gm.graph.nodes)
+    torchcap.save(gm, tmp_path / "g.tcg")
+    for module in (gm, torchcap.load(tmp_path / "g.tcg")):
+        assert torch.equal(module(torch.full((3,), 2.0)), torch.full((3,), 4.0))
+        with pytest.raises(torchcap.Error) as info:
+            module(-torch.ones(3))
+        message = str(info.value)
+        # (Through torch.fx's code, Python hands the bools over as ints.)
+        assert re.search(r"that was (True|1) when it was traced and is (False|0) in this run",
+                         message), message
+        assert "return x * 2 if x.sum() > 0 else x * 3" in message and HERE in message
+    cli = os.environ.get("TORCHCAP_CLI")
+    if cli:
+        torch.save(-torch.ones(3), tmp_path / "x.pt")
+        out = subprocess.run([cli, "run", str(tmp_path / "g.tcg"), "--input", str(tmp_path / "x.pt")],
+                             capture_output=True, text=True)
+        assert out.returncode == 1 and "that was True when it was traced and is False" in out.stderr, \
+            out.stderr
+
+    # A raw read (.tolist()) is checked against a copy of the values read.
+    g = torchcap.trace(lambda x: x * x.argmax().tolist(), (torch.tensor([1.0, 3.0, 2.0]),),
+                       allow_data_dependent_values=True)
+    assert torch.equal(g(torch.tensor([0.0, 5.0, 1.0])), torch.tensor([0.0, 5.0, 1.0]))
+    with pytest.raises(torchcap.Error, match="which were 1 when it was traced and are 0 in this run"):
+        g(torch.tensor([5.0, 0.0, 1.0]))
+
+
 # --- Silent wrong answers and internal errors, closed as classes (issue 42) ---------------
 
 def test_work_on_another_thread_is_refused_not_baked_in():
